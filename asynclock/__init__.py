@@ -1,0 +1,30 @@
+"""asynclock: asyncio-native distributed locks that cancel the holder when the lease is lost."""
+
+from ._connect import connect as connect
+from ._errors import BackendUnavailable as BackendUnavailable
+from ._errors import LockError as LockError
+from ._errors import LockLost as LockLost
+from ._errors import LockTimeout as LockTimeout
+from ._errors import NotHeld as NotHeld
+from ._lease import Lease as Lease
+from ._locks import Lock as Lock
+from ._locks import Locks as Locks
+from ._values import LockEvent as LockEvent
+from ._values import LockInfo as LockInfo
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailable",
+    "Lease",
+    "Lock",
+    "LockError",
+    "LockEvent",
+    "LockInfo",
+    "LockLost",
+    "LockTimeout",
+    "Locks",
+    "NotHeld",
+    "__version__",
+    "connect",
+]

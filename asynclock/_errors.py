@@ -1,0 +1,52 @@
+"""The exception tree.
+
+::
+
+    LockError
+     ├── LockTimeout          (also TimeoutError)   acquire ran out of time
+     ├── LockLost                                   a held lease expired, was taken, or
+     │                                              could not be renewed before its deadline
+     ├── NotHeld                                    release by someone who holds nothing
+     └── BackendUnavailable   (also ConnectionError) the server could not be reached in time
+
+Bad arguments raise ``ValueError`` / ``TypeError`` before any I/O.
+"""
+
+from __future__ import annotations
+
+
+class LockError(Exception):
+    """Base class of every error asynclock raises on purpose."""
+
+
+class LockTimeout(LockError, TimeoutError):
+    """``acquire`` ran out of time before the lock became free."""
+
+    def __init__(self, name: str, timeout: float | None) -> None:
+        super().__init__(f"timed out after {timeout}s waiting for lock {name!r}")
+        self.name = name
+        self.timeout = timeout
+
+
+class LockLost(LockError):
+    """A held lease expired, was taken, or could not be renewed before its deadline.
+
+    Raised from the ``async with`` block whose body was cancelled because of the loss.
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"lock {name!r} lost: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+class NotHeld(LockError):
+    """Release (or re-entry) by an owner that does not hold the lock."""
+
+    def __init__(self, name: str, detail: str = "the current owner does not hold it") -> None:
+        super().__init__(f"lock {name!r} not held: {detail}")
+        self.name = name
+
+
+class BackendUnavailable(LockError, ConnectionError):
+    """The lock server could not be reached within the operation's time."""

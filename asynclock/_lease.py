@@ -1,0 +1,307 @@
+"""Lease (what a holder gets) and LeaseKeeper (the one watchdog task per client).
+
+The keeper sleeps until the earliest lease is due (ttl/3 after the send time
+of its last successful acquire or renewal), renews every lease that is due or
+nearly due in one backend call (the backend batches it into as few round trips
+as it can), and moves each lease's trusted deadline to
+``send time + lease time - drift``. A renewal answered "not the holder" loses
+the lease at once; an error is retried with backoff until the lease's own
+deadline, and then the lease is lost. Losing a lease cancels every
+``async with`` body that runs under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ._errors import LockError
+from .abc import RenewItem
+
+if TYPE_CHECKING:
+    import anyio
+
+    from .abc import Backend
+
+logger = logging.getLogger("asynclock")
+
+#: Smallest retry delay after a failed renewal, in seconds.
+_MIN_BACKOFF = 0.02
+
+
+def drift(ttl: float) -> float:
+    """Clock drift allowance for a lease of ``ttl`` seconds: 1 % plus 2 ms."""
+    return ttl * 0.01 + 0.002
+
+
+class Lease:
+    """A hold on a lock, returned by ``acquire`` and ``async with``.
+
+    ``token`` is the fencing token: pass it to the resource you protect so that
+    a holder whose lease was lost cannot write after the next holder did.
+    ``expires_at`` is the ``time.monotonic()`` deadline this client trusts;
+    the watchdog keeps moving it forward while the lease is renewed.
+    ``lost`` turns true when the lease is lost; ``await lease.wait_lost()``
+    returns then. Re-entering the lock returns the same Lease with a higher
+    ``hold_count``.
+
+    Example::
+
+        lease = await lock.acquire()
+        try:
+            await write(data, fencing_token=lease.token)
+        finally:
+            await lock.release()
+    """
+
+    __slots__ = (
+        "_acquired_at",
+        "_backoff",
+        "_expires_at",
+        "_hold",
+        "_lease_time",
+        "_lost_event",
+        "_next_due",
+        "_on_lost",
+        "_reason",
+        "_released",
+        "_scopes",
+        "_ttl",
+        "hold_count",
+        "name",
+        "owner",
+        "token",
+    )
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        owner: str,
+        hold: str,
+        ttl: float,
+        lease_time: float,
+        sent_at: float,
+        on_lost: Callable[[Lease, str], None],
+    ) -> None:
+        self.name = name
+        self.owner = owner
+        self.token: int | None = None
+        self.hold_count = 1
+        self._hold = hold
+        self._ttl = ttl
+        self._lease_time = lease_time
+        self._expires_at = sent_at + lease_time - drift(ttl)
+        self._next_due = sent_at + ttl / 3
+        self._acquired_at = sent_at
+        self._backoff = _MIN_BACKOFF
+        self._reason: str | None = None
+        self._released = False
+        self._lost_event: asyncio.Event | None = None
+        self._scopes: list[anyio.CancelScope] = []
+        self._on_lost = on_lost
+
+    def __repr__(self) -> str:
+        state = f"lost: {self._reason}" if self._reason else f"holds={self.hold_count}"
+        return f"<Lease {self.name!r} token={self.token} {state}>"
+
+    @property
+    def expires_at(self) -> float:
+        """Monotonic time until which this client trusts the lease."""
+        return self._expires_at
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is lost (taken, expired, or not renewed in time)."""
+        if self._reason is not None:
+            return True
+        if self._released:
+            return False
+        return _now() >= self._expires_at
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost, or None."""
+        if self._reason is None and self.lost:
+            return "the trusted deadline passed without a renewal"
+        return self._reason
+
+    async def wait_lost(self) -> str:
+        """Wait until the lease is lost and return the reason.
+
+        Waits forever for a lease that is released without being lost.
+        """
+        if self._lost_event is None:
+            self._lost_event = asyncio.Event()
+            if self._reason is not None:
+                self._lost_event.set()
+        while self._reason is None:
+            if self._released:
+                await self._lost_event.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(self._expires_at):
+                    await self._lost_event.wait()
+            if self._reason is None and _now() >= self._expires_at:
+                self._lose("the trusted deadline passed without a renewal")
+        return self._reason
+
+    # -- internal -------------------------------------------------------------
+
+    def _renewed(self, sent_at: float) -> None:
+        self._expires_at = sent_at + self._lease_time - drift(self._ttl)
+        self._next_due = sent_at + self._ttl / 3
+        self._backoff = _MIN_BACKOFF
+        for scope in self._scopes:
+            scope.deadline = self._expires_at
+
+    def _lose(self, reason: str) -> None:
+        if self._reason is not None or self._released:
+            return
+        self._reason = reason
+        if self._lost_event is not None:
+            self._lost_event.set()
+        for scope in self._scopes:
+            scope.cancel()
+        self._on_lost(self, reason)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class LeaseKeeper:
+    """Renews every lease of one client from a single task."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        on_renewed: Callable[[Lease], None],
+    ) -> None:
+        self._backend = backend
+        self._on_renewed = on_renewed
+        self._leases: dict[str, Lease] = {}
+        self._heap: list[tuple[float, int, Lease]] = []
+        self._seq = itertools.count()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.round_trips = 0  # renew calls made; read by tests and benchmarks
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def add(self, lease: Lease) -> None:
+        """Start renewing ``lease``; call right after the acquire answer, with no await between."""
+        self._leases[lease._hold] = lease
+        self._push(lease)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="asynclock-lease-keeper")
+
+    def remove(self, lease: Lease) -> None:
+        """Stop renewing ``lease``; call before its release request is sent."""
+        self._leases.pop(lease._hold, None)
+
+    def holds(self) -> list[Lease]:
+        return list(self._leases.values())
+
+    def lose(self, holds: list[str] | None, reason: str) -> None:
+        """Lose the given holds (None: all) at once, as a backend reported."""
+        targets = (
+            list(self._leases.values()) if holds is None else [self._leases[h] for h in holds if h in self._leases]
+        )
+        for lease in targets:
+            self._leases.pop(lease._hold, None)
+            lease._lose(reason)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _push(self, lease: Lease) -> None:
+        first = self._heap[0][0] if self._heap else None
+        heapq.heappush(self._heap, (lease._next_due, next(self._seq), lease))
+        if first is None or lease._next_due < first:
+            self._changed.set()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            heap = self._heap
+            # drop entries of released or rescheduled leases
+            while heap and (heap[0][2]._hold not in self._leases or heap[0][2]._next_due != heap[0][0]):
+                heapq.heappop(heap)
+            if not heap:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            due = heap[0][0]
+            if due > loop.time():
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(due):
+                        await self._changed.wait()
+                continue
+            # Renew everything due now or within the next sixth of a period:
+            # leases acquired close together share one round trip.
+            now = loop.time()
+            batch: list[Lease] = []
+            while heap:
+                when, _, lease = heap[0]
+                if lease._hold not in self._leases or lease._next_due != when:
+                    heapq.heappop(heap)
+                    continue
+                if when > now + lease._ttl / 6:
+                    break
+                heapq.heappop(heap)
+                batch.append(lease)
+            if batch:
+                await self._renew(batch)
+
+    async def _renew(self, batch: list[Lease]) -> None:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        live = [lease for lease in batch if sent < lease._expires_at]
+        for lease in batch:
+            if sent >= lease._expires_at:
+                self._drop_lost(lease, "the trusted deadline passed before the lease could be renewed")
+        if not live:
+            return
+        items = [RenewItem(lease.name, lease._hold, lease._ttl) for lease in live]
+        bound = min(lease._expires_at for lease in live)
+        results: list[bool | BaseException]
+        self.round_trips += 1
+        try:
+            async with asyncio.timeout_at(bound):
+                results = list(await self._backend.renew(items))
+        except (LockError, OSError, TimeoutError) as exc:
+            results = [exc] * len(live)
+        now = loop.time()
+        for lease, result in zip(live, results, strict=True):
+            if lease._hold not in self._leases:
+                continue  # released while the renewal was in flight
+            if result is True:
+                lease._renewed(sent)
+                self._push(lease)
+                logger.debug("renewed %r until %.3f", lease.name, lease._expires_at)
+                self._on_renewed(lease)
+            elif result is False:
+                self._drop_lost(lease, "the server no longer has this hold (expired or taken)")
+            elif now >= lease._expires_at:
+                self._drop_lost(lease, f"could not renew before the trusted deadline: {result!r}")
+            else:
+                logger.info("renewal of %r failed, retrying: %r", lease.name, result)
+                lease._next_due = min(now + lease._backoff, lease._expires_at)
+                lease._backoff = min(lease._backoff * 2, lease._ttl / 6)
+                self._push(lease)
+
+    def _drop_lost(self, lease: Lease, reason: str) -> None:
+        self._leases.pop(lease._hold, None)
+        lease._lose(reason)

@@ -1,0 +1,551 @@
+"""Locks (the client) and Lock (the backend-agnostic front).
+
+Everything that is the same for every backend is written here once: owner
+identity, reentrancy bookkeeping, waiting with a timeout, cancel-safe acquire
+and release, the cancel scope around ``async with``, events and logging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import secrets
+import weakref
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import anyio
+
+from ._errors import BackendUnavailable, LockError, LockLost, LockTimeout, NotHeld
+from ._lease import Lease, LeaseKeeper
+from ._notify import WakeHub
+from ._validate import check_name, check_timeout, check_ttl
+from ._values import EventKind, LockEvent, LockInfo
+from .abc import Acquired, Busy
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .abc import Backend
+
+logger = logging.getLogger("asynclock")
+
+T = TypeVar("T")
+
+EventCallback = Callable[[LockEvent], object]
+
+_task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+_task_counter = itertools.count(1)
+
+#: First and largest pause between retries of a request that failed to reach the server.
+_RETRY_FIRST = 0.02
+_RETRY_MAX = 1.0
+
+
+def current_owner() -> str:
+    """The owner id of the running task (unique for the process's lifetime)."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("asynclock locks are owned by asyncio tasks: call this from inside a task")
+    number = _task_ids.get(task)
+    if number is None:
+        number = _task_ids[task] = next(_task_counter)
+    return f"task-{number}"
+
+
+class Locks:
+    """A client of one lock service: the factory of ``Lock`` handles.
+
+    Made by :func:`asynclock.connect`. Use it as an async context manager (or
+    call :meth:`aclose`); leaving it releases every lease it still holds, stops
+    its watchdog and listener, and closes what it opened.
+
+    Example::
+
+        async with asynclock.connect("redis://localhost:6379/0") as locks:
+            async with locks.lock("orders:42") as lease:
+                ...
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        ttl: float = 30.0,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        self._backend = backend
+        self._ttl = check_ttl(ttl)
+        self._on_event = on_event
+        self.client_id = secrets.token_hex(8)
+        self._holds: dict[str, dict[str, Lease]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._hold_seq = itertools.count(1)
+        self._keeper: LeaseKeeper | None = None
+        self._hub: WakeHub | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Locks {self._backend.kind} client={self.client_id}>"
+
+    @property
+    def backend(self) -> Backend:
+        """The backend adapter (for tests and tools)."""
+        return self._backend
+
+    @property
+    def ttl(self) -> float:
+        """The default lease time of this client's locks, in seconds."""
+        return self._ttl
+
+    def lock(self, name: str, *, ttl: float | None = None) -> Lock:
+        """A handle on the lock ``name``; cheap, no I/O.
+
+        Raises TypeError / ValueError for a bad name or ttl.
+        """
+        return Lock(self, check_name(name), self._ttl if ttl is None else check_ttl(ttl))
+
+    async def __aenter__(self) -> Locks:
+        await self._ensure_started()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release every held lease, stop the watchdog and listeners, close connections."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._keeper is not None:
+            leases = self._keeper.holds()
+            for lease in leases:
+                self._keeper.remove(lease)
+                self._forget(lease)
+                lease._released = True
+            if leases:
+                await asyncio.gather(
+                    *(self._release_on_server(lease, raise_errors=False) for lease in leases),
+                    return_exceptions=True,
+                )
+            await self._keeper.aclose()
+        if self._background:
+            _, pending = await asyncio.wait(list(self._background), timeout=self._ttl)
+            for task in pending:
+                task.cancel()
+        if self._loop is not None or self._keeper is not None:
+            await self._backend.aclose()
+
+    # -- internal -------------------------------------------------------------
+
+    async def _ensure_started(self) -> tuple[LeaseKeeper, WakeHub]:
+        if self._closed:
+            raise RuntimeError("this Locks client is closed")
+        keeper, hub = self._keeper, self._hub
+        if keeper is not None and hub is not None:
+            return keeper, hub
+        loop = asyncio.get_running_loop()
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._keeper is None or self._hub is None:
+                self._loop = loop
+                hub = WakeHub(self._backend, self._background)
+                hub.lose = self._lose_from_backend  # type: ignore[method-assign]
+                await self._backend.start(hub)
+                self._hub = hub
+                self._keeper = LeaseKeeper(self._backend, self._renewed)
+            return self._keeper, self._hub
+
+    def _lose_from_backend(self, holds: Sequence[str] | None, reason: str) -> None:
+        if self._keeper is not None:
+            self._keeper.lose(None if holds is None else list(holds), reason)
+
+    def _new_hold(self, owner: str) -> str:
+        return f"{self.client_id}:{owner}:{next(self._hold_seq)}"
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def _forget(self, lease: Lease) -> None:
+        owners = self._holds.get(lease.name)
+        if owners is not None and owners.get(lease.owner) is lease:
+            del owners[lease.owner]
+            if not owners:
+                del self._holds[lease.name]
+
+    def _lease_lost(self, lease: Lease, reason: str) -> None:
+        self._forget(lease)
+        if self._keeper is not None:
+            self._keeper.remove(lease)
+        logger.warning("lock %r lost by %s: %s", lease.name, lease.owner, reason)
+        held = asyncio.get_running_loop().time() - lease._acquired_at
+        self._emit("lost", lease.name, lease.owner, lease.token, held_s=held, reason=reason)
+        # If the server may still have it (the deadline passed while renewals
+        # were stuck), give it back by identity; harmless if it is gone.
+        self._spawn(self._release_on_server(lease, raise_errors=False))
+
+    def _renewed(self, lease: Lease) -> None:
+        if self._on_event is not None:
+            self._emit("renewed", lease.name, lease.owner, lease.token)
+
+    def _emit(
+        self,
+        kind: EventKind,
+        name: str,
+        owner: str,
+        token: int | None,
+        *,
+        wait_s: float | None = None,
+        held_s: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        if self._on_event is None:
+            return
+        event = LockEvent(kind, name, f"{self.client_id}:{owner}", token, wait_s, held_s, reason)
+        asyncio.get_running_loop().call_soon(self._deliver, event)
+
+    def _deliver(self, event: LockEvent) -> None:
+        assert self._on_event is not None
+        try:
+            self._on_event(event)
+        except Exception:
+            logger.exception("on_event callback failed for %s", event)
+
+    async def _release_on_server(self, lease: Lease, *, raise_errors: bool) -> bool:
+        """Release ``lease`` by its identity, bounded by its server-side expiry."""
+        loop = asyncio.get_running_loop()
+        # Past this time the server has expired the hold by itself.
+        give_up = lease._acquired_at + lease._lease_time + 2 * lease._ttl
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                async with asyncio.timeout_at(max(give_up, loop.time() + 0.05)):
+                    return await self._backend.release(lease.name, lease._hold)
+            except (LockError, OSError, TimeoutError) as exc:
+                if raise_errors:
+                    raise _unavailable(exc) from exc
+                if loop.time() + delay >= give_up:
+                    logger.info("could not release %r (%r); it expires by itself", lease.name, exc)
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+
+
+def _unavailable(exc: BaseException) -> BackendUnavailable:
+    if isinstance(exc, BackendUnavailable):
+        return exc
+    return BackendUnavailable(f"lock server did not answer in time: {exc!r}")
+
+
+class Lock:
+    """A distributed lock; made by ``locks.lock(name)``.
+
+    Owned by the asyncio task that acquires it; the same task may acquire it
+    again (re-entry) and must release it as many times. Another task, in this
+    process or elsewhere, waits.
+
+    Example::
+
+        lock = locks.lock("orders:42")
+        async with lock as lease:       # waits until held
+            await charge(order, fencing_token=lease.token)
+        # if the lease is lost inside, the body is cancelled and LockLost is raised
+
+    ``acquire(timeout=...)`` raises :class:`LockTimeout`; ``release()`` raises
+    :class:`NotHeld` when the current task holds nothing; server trouble that
+    outlasts the operation raises :class:`BackendUnavailable`.
+    """
+
+    __slots__ = ("_locks", "_scopes", "name", "ttl")
+
+    def __init__(self, locks: Locks, name: str, ttl: float) -> None:
+        self._locks = locks
+        self.name = name
+        self.ttl = ttl
+        self._scopes: dict[str, list[tuple[Lease, anyio.CancelScope]]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.name!r} ttl={self.ttl}>"
+
+    @property
+    def key(self) -> str:
+        """The backend's own name for this lock (Redis key, znode path, advisory key)."""
+        return self._locks._backend.lock_key(self.name)
+
+    @property
+    def held(self) -> bool:
+        """Whether the current task holds this lock, as far as this client knows."""
+        lease = self._locks._holds.get(self.name, {}).get(current_owner())
+        return lease is not None and not lease.lost
+
+    async def info(self) -> LockInfo:
+        """What the server knows: holder, hold count, remaining ttl, waiters, token."""
+        await self._locks._ensure_started()
+        try:
+            return await self._locks._backend.info(self.name)
+        except (OSError, TimeoutError) as exc:
+            raise _unavailable(exc) from exc
+
+    async def acquire(self, *, timeout: float | None = None) -> Lease:
+        """Wait until this task holds the lock and return the Lease.
+
+        ``timeout=None`` waits forever, ``timeout=0`` tries once. Raises
+        :class:`LockTimeout` when the time runs out, :class:`BackendUnavailable`
+        when the server could not be reached in that time. Cancelling the
+        caller never leaves the lock held.
+        """
+        timeout = check_timeout(timeout)
+        locks = self._locks
+        keeper, hub = await locks._ensure_started()
+        owner = current_owner()
+        held = locks._holds.get(self.name, {}).get(owner)
+        if held is not None:
+            return await self._reenter(held)
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = None if timeout is None else started + timeout
+        hold = locks._new_hold(owner)
+        # Fast path: an uncontended acquire is one round trip, no subscription.
+        result = await self._attempt(hold, owner, deadline, keeper)
+        if isinstance(result, Lease):
+            return self._got(result, started)
+        if deadline is not None and loop.time() >= deadline:
+            self._give_up(hold, owner, result, timeout, started)
+        # Subscribe first, then try, then wait for a release notification or
+        # the holder's remaining lease, whichever comes first.
+        delay = _RETRY_FIRST
+        failing_since: float | None = None
+        async with hub.watch(self.name) as waiter:
+            while True:
+                waiter.clear()
+                result = await self._attempt(hold, owner, deadline, keeper)
+                if isinstance(result, Lease):
+                    return self._got(result, started)
+                now = loop.time()
+                if deadline is not None and now >= deadline:
+                    self._give_up(hold, owner, result, timeout, started)
+                wait = None if deadline is None else deadline - now
+                if isinstance(result, Busy):
+                    failing_since, delay = None, _RETRY_FIRST
+                    if result.retry_after is not None:
+                        wait = result.retry_after if wait is None else min(wait, result.retry_after)
+                else:
+                    # The server did not answer: back off, but never wait
+                    # forever for a server that stays away.
+                    failing_since = now if failing_since is None else failing_since
+                    if deadline is None and now - failing_since >= self.ttl:
+                        self._give_up(hold, owner, result, timeout, started)
+                    wait = delay if wait is None else min(wait, delay)
+                    delay = min(delay * 2, _RETRY_MAX)
+                await waiter.wait(wait)
+
+    async def release(self) -> None:
+        """Undo one ``acquire`` of the current task.
+
+        Raises :class:`NotHeld` if the current task holds nothing (never
+        acquired, already released, or the lease was lost), and changes nothing
+        on the server then.
+        """
+        locks = self._locks
+        owner = current_owner()
+        lease = locks._holds.get(self.name, {}).get(owner)
+        if lease is None or lease.lost:
+            raise NotHeld(self.name)
+        if lease.hold_count > 1:
+            lease.hold_count -= 1
+            await self._record_count(lease)
+            return
+        keeper = locks._keeper
+        assert keeper is not None
+        # Deregister before the release request is sent: no renewal can follow it.
+        keeper.remove(lease)
+        locks._forget(lease)
+        lease._released = True
+        held_s = asyncio.get_running_loop().time() - lease._acquired_at
+        released = await _shielded(locks, locks._release_on_server(lease, raise_errors=True))
+        if not released:
+            lease._released = False
+            lease._lose("the server no longer had this hold at release (expired or taken)")
+            raise NotHeld(self.name, "the lease had expired or been taken before release")
+        locks._emit("released", self.name, owner, lease.token, held_s=held_s)
+
+    async def __aenter__(self) -> Lease:
+        lease = await self.acquire()
+        scope = anyio.CancelScope(deadline=lease.expires_at)
+        scope.__enter__()
+        lease._scopes.append(scope)
+        self._scopes.setdefault(lease.owner, []).append((lease, scope))
+        return lease
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        owner = current_owner()
+        stack = self._scopes[owner]
+        lease, scope = stack.pop()
+        if not stack:
+            del self._scopes[owner]
+        lease._scopes.remove(scope)
+        if lease._reason is None and not lease._released and asyncio.get_running_loop().time() >= lease.expires_at:
+            lease._lose("the trusted deadline passed without a renewal")  # the watchdog stalled
+        swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        if lease.lost:
+            reason = lease.lost_reason or "lost"
+            if swallowed or exc is None:
+                raise LockLost(self.name, reason) from exc
+            if exc is not None and not isinstance(exc, LockLost):
+                exc.add_note(f"asynclock: the lease on {self.name!r} was lost inside this block: {reason}")
+            return False
+        if swallowed:
+            # Our scope only cancels on loss; keep the contract even if not.
+            raise LockLost(self.name, "the trusted deadline passed")
+        try:
+            await self.release()
+        except NotHeld as err:
+            if exc is None:
+                raise LockLost(self.name, lease.lost_reason or "lost before release") from err
+        except BackendUnavailable as err:
+            # The body finished; the hold is no longer renewed and expires by itself.
+            logger.warning("release of %r failed, it will expire by itself: %r", self.name, err)
+            self._locks._spawn(self._locks._release_on_server(lease, raise_errors=False))
+        return False
+
+    # -- internal -------------------------------------------------------------
+
+    async def _reenter(self, lease: Lease) -> Lease:
+        if lease.lost:
+            raise LockLost(self.name, lease.lost_reason or "lost")
+        lease.hold_count += 1
+        try:
+            await self._record_count(lease)
+        except BaseException:
+            lease.hold_count -= 1
+            raise
+        return lease
+
+    async def _record_count(self, lease: Lease) -> None:
+        """Tell the server the new hold count (kept there for ``info`` and tools)."""
+        locks = self._locks
+        try:
+            async with asyncio.timeout_at(lease.expires_at):
+                ok = await locks._backend.set_count(self.name, lease._hold, lease.hold_count, lease._ttl)
+        except (LockError, OSError, TimeoutError) as exc:
+            # The count is informational; the client's count is the truth and a
+            # release at zero removes the hold whatever the server's count says.
+            logger.debug("could not record hold count of %r: %r", self.name, exc)
+            return
+        if not ok:
+            if locks._keeper is not None:
+                locks._keeper.remove(lease)
+            lease._lose("the server no longer has this hold (expired or taken)")
+            raise LockLost(self.name, lease.lost_reason or "lost")
+
+    async def _attempt(
+        self, hold: str, owner: str, deadline: float | None, keeper: LeaseKeeper
+    ) -> Lease | Busy | BaseException:
+        """One try. Returns the new Lease, Busy, or the connection error to retry after."""
+        locks = self._locks
+        backend = locks._backend
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        lease = Lease(
+            name=self.name,
+            owner=owner,
+            hold=hold,
+            ttl=self.ttl,
+            lease_time=backend.lease_time(self.ttl),
+            sent_at=sent,
+            on_lost=locks._lease_lost,
+        )
+        # Bound each request: by the caller's deadline, and by the lease time
+        # (an answer later than that would be useless anyway).
+        bound = sent + lease._lease_time
+        if deadline is not None:
+            bound = min(bound, max(deadline, sent + 0.001))
+        task = loop.create_task(backend.try_acquire(self.name, hold, self.ttl))
+        try:
+            async with asyncio.timeout_at(bound):
+                result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # The request may still run on the server: once it has answered,
+            # give back anything it got, before the cancellation goes on.
+            await _settle(locks, self._rollback(task, lease))
+            raise
+        except (LockError, OSError, TimeoutError) as exc:
+            if not task.done():
+                locks._spawn(self._rollback(task, lease))
+            return exc
+        if isinstance(result, Busy):
+            return result
+        lease.token = result.token
+        if loop.time() >= lease._expires_at:
+            # The answer came too late to be trusted; give it back.
+            locks._spawn(locks._release_on_server(lease, raise_errors=False))
+            return Busy(0.0)
+        keeper.add(lease)
+        locks._holds.setdefault(self.name, {})[owner] = lease
+        return lease
+
+    async def _rollback(self, task: asyncio.Task[Acquired | Busy], lease: Lease) -> None:
+        # Past this time anything the request got has expired on the server.
+        give_up = lease._acquired_at + lease._lease_time + lease._ttl
+        try:
+            async with asyncio.timeout_at(give_up):
+                result = await task
+        except BaseException:  # noqa: BLE001 - the outcome is unknown: release by identity
+            task.cancel()
+            result = Acquired(None)
+        if isinstance(result, Acquired):
+            await self._locks._release_on_server(lease, raise_errors=False)
+
+    def _give_up(
+        self, hold: str, owner: str, last: Lease | Busy | BaseException, timeout: float | None, started: float
+    ) -> NoReturn:
+        locks = self._locks
+        loop = asyncio.get_running_loop()
+        locks._emit("timeout", self.name, owner, None, wait_s=loop.time() - started)
+        if isinstance(last, BaseException):
+            # An earlier try may have gone through unseen: give it back by identity.
+            probe = Lease(
+                name=self.name,
+                owner=owner,
+                hold=hold,
+                ttl=self.ttl,
+                lease_time=locks._backend.lease_time(self.ttl),
+                sent_at=loop.time(),
+                on_lost=locks._lease_lost,
+            )
+            locks._spawn(locks._release_on_server(probe, raise_errors=False))
+            raise _unavailable(last) from last
+        raise LockTimeout(self.name, timeout)
+
+    def _got(self, lease: Lease, started: float) -> Lease:
+        locks = self._locks
+        wait = asyncio.get_running_loop().time() - started
+        locks._emit("acquired", self.name, lease.owner, lease.token, wait_s=wait)
+        return lease
+
+
+async def _settle(locks: Locks, coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` to the end even if the caller is cancelled again meanwhile."""
+    task = locks._spawn(coro)
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.shield(task)
+
+
+async def _shielded(locks: Locks, coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` in its own task: a cancellation of the caller does not stop it."""
+    task = locks._spawn(coro)
+    return await asyncio.shield(task)

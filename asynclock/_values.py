@@ -1,0 +1,45 @@
+"""Plain values handed to users: what ``info()`` and ``on_event`` give."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+EventKind = Literal["acquired", "released", "renewed", "lost", "timeout"]
+
+
+@dataclass(frozen=True, slots=True)
+class LockInfo:
+    """What the server says about one lock, as returned by ``await lock.info()``.
+
+    ``key`` is the backend's own name for the lock (Redis key, znode path,
+    advisory key) so that other tools can find it. ``owner`` is the holder's id
+    (``None`` when free), ``ttl`` the remaining lease in seconds when the backend
+    knows it, ``waiters`` the number of queued waiters when the backend knows it.
+    """
+
+    name: str
+    key: str
+    owner: str | None
+    hold_count: int
+    ttl: float | None
+    waiters: int | None
+    token: int | None
+
+    @property
+    def held(self) -> bool:
+        """Whether anybody holds the lock."""
+        return self.owner is not None
+
+
+@dataclass(frozen=True, slots=True)
+class LockEvent:
+    """One thing that happened to a lock of this client, passed to ``on_event``."""
+
+    kind: EventKind
+    name: str
+    owner: str
+    token: int | None = None
+    wait_s: float | None = None
+    held_s: float | None = None
+    reason: str | None = None

@@ -1,0 +1,113 @@
+"""The backend protocol, for people who write a backend.
+
+A backend is a thin adapter. Everything that is the same for all backends
+(owner identity, reentrancy bookkeeping, waiting with a timeout, cancel-safe
+acquire, the lease watchdog, cancel-on-loss) lives in the front
+(``asynclock._locks``) and in the one ``LeaseKeeper`` per client. A backend
+only answers requests:
+
+* ``try_acquire`` once, without waiting, for one *hold id* (a string unique to
+  this acquisition). It must be idempotent for the same hold id: a retry
+  after an ambiguous failure returns ``Acquired`` again if the first attempt
+  went through. ``Busy.retry_after`` is how long the current holder's lease
+  has left, the longest a waiter may sleep without a wake-up.
+* ``set_count`` records the hold count of a held lock (re-entry and inner
+  releases); it must not create a lock that is not held.
+* ``release`` gives up a hold completely, only if ``hold`` still holds it.
+* ``renew`` extends many holds in as few round trips as it can.
+* ``subscribe`` / ``unsubscribe`` manage release notifications for a name. When
+  a release notification arrives the backend calls ``hub.wake_one(name)``;
+  after it may have missed notifications (reconnect) it calls
+  ``hub.wake_all()``.
+* ``lease_time(ttl)`` is how long after a successful request was *sent* the
+  server guarantees nobody else can get the lock.
+
+Every method translates its client library's errors into
+``BackendUnavailable`` (or ``LockError``) at its edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ._values import LockInfo
+
+__all__ = ["Acquired", "Backend", "BackendHooks", "Busy", "RenewItem"]
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """``try_acquire`` got the lock; ``token`` is its fencing token or None."""
+
+    token: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """Somebody else holds it; ``retry_after`` seconds is its remaining lease (None: unknown)."""
+
+    retry_after: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RenewItem:
+    """One hold that the watchdog wants renewed."""
+
+    name: str
+    hold: str
+    ttl: float
+
+
+class BackendHooks(Protocol):
+    """What the client gives a backend so it can push news in."""
+
+    def wake_one(self, name: str) -> None:
+        """A release notification for ``name`` arrived: wake one local waiter."""
+
+    def wake_all(self) -> None:
+        """Notifications may have been missed: wake every local waiter to retry."""
+
+    def lose(self, holds: Sequence[str] | None, reason: str) -> None:
+        """These holds (None: every hold of this client) are lost, now."""
+
+
+class Backend(Protocol):
+    """The handful of primitives every backend implements."""
+
+    #: URL scheme family, e.g. ``"redis"``; shown in ``repr`` and logs.
+    kind: str
+
+    async def start(self, hooks: BackendHooks) -> None:
+        """Connect (or check the connection) and start listener tasks."""
+
+    def lock_key(self, name: str) -> str:
+        """The backend's own name for the lock ``name`` (key, path, advisory key)."""
+
+    def lease_time(self, ttl: float) -> float:
+        """Seconds after a request's send time during which the hold is guaranteed."""
+
+    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
+        """Take the lock for ``hold`` if free (or already held by ``hold``)."""
+
+    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+        """Record ``count`` holds for ``hold``; False if ``hold`` no longer holds it."""
+
+    async def release(self, name: str, hold: str) -> bool:
+        """Release completely if ``hold`` holds it; False (and no change) otherwise."""
+
+    async def renew(self, items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
+        """Renew each item: True renewed, False not the holder any more, or the error."""
+
+    async def subscribe(self, name: str) -> None:
+        """Start release notifications for ``name``; return once they are in effect."""
+
+    async def unsubscribe(self, name: str) -> None:
+        """Stop release notifications for ``name``."""
+
+    async def info(self, name: str) -> LockInfo:
+        """What the server knows about ``name``."""
+
+    async def aclose(self) -> None:
+        """Stop listeners and close what the backend opened (not what it was given)."""

@@ -1,0 +1,323 @@
+"""One Redis server (``redis://``, ``rediss://``, ``unix://``, or a given client).
+
+The hold is a hash with a PEXPIRE ttl (see ``_redis_scripts`` for the
+layout and the scripts). Waiting is woken by one pub/sub connection per
+client, opened by this module and shared by every lock of the client; a
+waiter also never sleeps past the holder's remaining PTTL, because a key
+that simply expires sends no message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
+
+try:
+    import redis.asyncio as aioredis
+    from redis import exceptions as redis_errors
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
+
+from .._errors import BackendUnavailable, LockError
+from .._values import LockInfo
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from . import _redis_scripts as scripts
+
+__all__ = ["RedisBackend"]
+
+logger = logging.getLogger("asynclock")
+
+T = TypeVar("T")
+
+#: How long the fence counter outlives the last acquisition, in ms (see _redis_scripts).
+FENCE_LIFETIME_MS = 24 * 3600 * 1000
+#: Leases renewed by one script call.
+RENEW_CHUNK = 1000
+
+
+def _ms(seconds: float) -> int:
+    """Seconds to a PEXPIRE argument: never 0 or negative (that would delete the key)."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _translate(exc: BaseException) -> BaseException:
+    """Map redis-py errors onto ours; the original becomes ``__cause__``."""
+    if isinstance(exc, redis_errors.ResponseError) and str(exc).startswith("READONLY"):
+        return BackendUnavailable(f"Redis answered READONLY (a replica or demoted primary): {exc}")
+    if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError, TimeoutError)):
+        return BackendUnavailable(f"Redis did not answer: {exc!r}")
+    if isinstance(exc, redis_errors.BusyLoadingError):
+        return BackendUnavailable(f"Redis is loading its data: {exc}")
+    if isinstance(exc, redis_errors.RedisError):
+        return LockError(f"Redis error: {exc}")
+    return exc
+
+
+async def _call(awaitable: Awaitable[T]) -> T:
+    try:
+        return await awaitable
+    except (redis_errors.RedisError, OSError) as exc:
+        raise _translate(exc) from exc
+
+
+class RedisBackend:
+    """Locks on one Redis server (or a primary with replicas)."""
+
+    kind = "redis"
+
+    def __init__(self, client: aioredis.Redis, *, prefix: str = "asynclock", owns_client: bool = False) -> None:
+        self._client = client
+        self._owns_client = owns_client
+        self._prefix = prefix
+        self._acquire = client.register_script(scripts.ACQUIRE)
+        self._set_count = client.register_script(scripts.SET_COUNT)
+        self._release = client.register_script(scripts.RELEASE)
+        self._renew = client.register_script(scripts.RENEW_MANY)
+        self._info = client.register_script(scripts.INFO)
+        self._listener: _Listener | None = None
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> RedisBackend:
+        """A backend with its own client for ``url`` (closed by ``aclose``)."""
+        client = aioredis.Redis.from_url(url, **options)
+        return cls(client, prefix=prefix, owns_client=True)
+
+    @property
+    def client(self) -> aioredis.Redis:
+        return self._client
+
+    # -- keys -----------------------------------------------------------------
+
+    def lock_key(self, name: str) -> str:
+        return f"{self._prefix}:{{{name}}}"
+
+    def _fence_key(self, name: str) -> str:
+        return f"{self._prefix}:{{{name}}}:fence"
+
+    def channel(self, name: str) -> str:
+        return f"{self._prefix}:{{{name}}}:released"
+
+    # -- protocol ----------------------------------------------------------------
+
+    def lease_time(self, ttl: float) -> float:
+        return ttl
+
+    async def start(self, hooks: BackendHooks) -> None:
+        self._listener = _Listener(self._client, hooks, self.channel)
+        await _call(self._client.ping())
+
+    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
+        keys = [self.lock_key(name), self._fence_key(name)]
+        got, value = await _call(self._acquire(keys=keys, args=[hold, _ms(ttl), FENCE_LIFETIME_MS]))
+        if got == 1:
+            return Acquired(int(value))
+        pttl = int(value)
+        return Busy(pttl / 1000 if pttl >= 0 else 0.0)
+
+    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+        done = await _call(self._set_count(keys=[self.lock_key(name)], args=[hold, count, _ms(ttl)]))
+        return bool(done)
+
+    async def release(self, name: str, hold: str) -> bool:
+        done = await _call(self._release(keys=[self.lock_key(name), self.channel(name)], args=[hold]))
+        return bool(done)
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        results: list[bool | BaseException] = []
+        for start in range(0, len(items), RENEW_CHUNK):
+            chunk = items[start : start + RENEW_CHUNK]
+            keys = [self.lock_key(item.name) for item in chunk]
+            args: list[str | int] = []
+            for item in chunk:
+                args += [item.hold, _ms(item.ttl)]
+            try:
+                answer = await self._renew(keys=keys, args=args)
+            except redis_errors.ResponseError as exc:
+                if str(exc).startswith("READONLY"):
+                    # A demoted primary: whatever it holds is not the lock any more.
+                    results += [False] * len(chunk)
+                    continue
+                results += [_translate(exc)] * len(chunk)
+                continue
+            except (redis_errors.RedisError, OSError) as exc:
+                results += [_translate(exc)] * len(chunk)
+                continue
+            results += [bool(flag) for flag in answer]
+        return results
+
+    async def subscribe(self, name: str) -> None:
+        assert self._listener is not None, "start() first"
+        await self._listener.subscribe(name)
+
+    async def unsubscribe(self, name: str) -> None:
+        if self._listener is not None:
+            await self._listener.unsubscribe(name)
+
+    async def info(self, name: str) -> LockInfo:
+        owner, count, token, pttl = await _call(self._info(keys=[self.lock_key(name)]))
+        holder = _text(owner)
+        return LockInfo(
+            name=name,
+            key=self.lock_key(name),
+            owner=holder,
+            hold_count=int(count) if holder is not None and count is not None else 0,
+            ttl=int(pttl) / 1000 if holder is not None and int(pttl) >= 0 else None,
+            waiters=None,
+            token=int(token) if holder is not None and token is not None else None,
+        )
+
+    async def names(self) -> list[str]:
+        """Names of the locks currently held under this client's prefix."""
+        found = []
+        start = len(self._prefix) + 2
+        async for key in self._client.scan_iter(match=f"{self._prefix}:{{*}}", count=1000):
+            text = _text(key) or ""
+            if text.endswith("}") and not text.endswith(":fence") and not text.endswith(":released"):
+                found.append(text[start:-1])
+        return found
+
+    async def aclose(self) -> None:
+        if self._listener is not None:
+            await self._listener.aclose()
+            self._listener = None
+        if self._owns_client:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+
+
+class _Listener:
+    """The client's one pub/sub connection, shared by all its locks.
+
+    It owns its reconnects: after any connection error it reconnects with
+    backoff, subscribes every wanted channel again and, once the server
+    confirms, wakes every local waiter (a release may have been missed).
+    """
+
+    def __init__(self, client: aioredis.Redis, hooks: BackendHooks, channel_of: Callable[[str], str]) -> None:
+        self._client = client
+        self._hooks = hooks
+        self._channel_of = channel_of
+        self._names: dict[bytes, str] = {}  # wanted channel -> lock name
+        self._pending: dict[bytes, list[asyncio.Future[None]]] = {}
+        self._conn: Any = None
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._reconnects = 0
+
+    @property
+    def reconnects(self) -> int:
+        return self._reconnects
+
+    def _ensure_task(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="asynclock-redis-pubsub")
+
+    async def subscribe(self, name: str) -> None:
+        channel = self._channel_of(name).encode()
+        self._names[channel] = name
+        self._ensure_task()
+        conn = self._conn
+        if conn is None or not self._connected.is_set():
+            return  # the listener subscribes it (and wakes waiters) once connected
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(channel, []).append(future)
+        try:
+            await conn.send_command("SUBSCRIBE", channel)
+        except (redis_errors.RedisError, OSError) as exc:
+            logger.debug("SUBSCRIBE failed, the listener will reconnect: %r", exc)
+            return
+        await future
+
+    async def unsubscribe(self, name: str) -> None:
+        channel = self._channel_of(name).encode()
+        self._names.pop(channel, None)
+        conn = self._conn
+        if conn is not None and self._connected.is_set():
+            with contextlib.suppress(redis_errors.RedisError, OSError):
+                await conn.send_command("UNSUBSCRIBE", channel)
+
+    def kill_connection(self) -> None:
+        """Drop the pub/sub connection (tests: the listener must recover)."""
+        conn = self._conn
+        if conn is not None and getattr(conn, "_writer", None) is not None:
+            conn._writer.transport.abort()
+
+    async def _run(self) -> None:
+        delay = 0.02
+        while True:
+            conn = None
+            try:
+                kwargs = dict(self._client.connection_pool.connection_kwargs)
+                kwargs.update(socket_timeout=None, decode_responses=False, protocol=2)
+                kwargs.pop("retry", None)
+                conn = cast(Any, self._client.connection_pool.connection_class)(**kwargs)
+                await conn.connect()
+                self._conn = conn
+                self._connected.set()
+                wanted = list(self._names)
+                # Waiters that arrived while disconnected were not confirmed:
+                # wake everyone once the server confirms each channel again.
+                resubscribing = set(wanted)
+                if wanted:
+                    await conn.send_command("SUBSCRIBE", *wanted)
+                while True:
+                    message = await conn.read_response(timeout=math.inf)
+                    delay = 0.02
+                    self._handle(message, resubscribing)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: reconnect
+                logger.info("redis pub/sub connection lost, reconnecting: %r", exc)
+            finally:
+                self._connected.clear()
+                self._conn = None
+                for futures in self._pending.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(None)
+                self._pending.clear()
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.disconnect()
+            self._reconnects += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _handle(self, message: Any, resubscribing: set[bytes]) -> None:
+        if not isinstance(message, list) or len(message) < 3:
+            return
+        kind, channel = message[0], message[1]
+        if kind == b"message":
+            name = self._names.get(channel)
+            if name is not None:
+                self._hooks.wake_one(name)
+        elif kind == b"subscribe":
+            futures = self._pending.get(channel)
+            if futures:
+                future = futures.pop(0)
+                if not future.done():
+                    future.set_result(None)
+            if channel in resubscribing:
+                resubscribing.discard(channel)
+                name = self._names.get(channel)
+                if name is not None:
+                    self._hooks.wake_all()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
