@@ -317,6 +317,8 @@ class Lock:
         started = loop.time()
         deadline = None if timeout is None else started + timeout
         hold = locks._new_hold(owner)
+        if locks._backend.queues_waiters:
+            return await self._acquire_queued(hold, owner, timeout, keeper, started)
         # Fast path: an uncontended acquire is one round trip, no subscription.
         result = await self._attempt(hold, owner, deadline, keeper)
         if isinstance(result, Lease):
@@ -498,7 +500,46 @@ class Lock:
         locks._holds.setdefault(self.name, {})[owner] = lease
         return lease
 
-    async def _rollback(self, task: asyncio.Task[Acquired | Busy], lease: Lease) -> None:
+    async def _acquire_queued(
+        self, hold: str, owner: str, timeout: float | None, keeper: LeaseKeeper, started: float
+    ) -> Lease:
+        """Acquire on a backend whose server queues the waiters (ZooKeeper, PostgreSQL)."""
+        locks = self._locks
+        backend = locks._backend
+        loop = asyncio.get_running_loop()
+        lease = Lease(
+            name=self.name,
+            owner=owner,
+            hold=hold,
+            ttl=self.ttl,
+            lease_time=backend.lease_time(self.ttl),
+            sent_at=loop.time(),
+            on_lost=locks._lease_lost,
+        )
+        task = loop.create_task(backend.wait_acquire(self.name, hold, self.ttl, timeout))
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()  # the backend leaves the queue; if it got the lock anyway, give it back
+            await _settle(locks, self._rollback(task, lease))
+            raise
+        except (LockError, OSError, TimeoutError) as exc:
+            locks._spawn(locks._release_on_server(lease, raise_errors=False))
+            locks._emit("timeout", self.name, owner, None, wait_s=loop.time() - started)
+            raise _unavailable(exc) from exc
+        if result is None:
+            self._give_up(hold, owner, Busy(None), timeout, started)
+        lease.token = result.token
+        if result.confirmed_at is not None:
+            lease._renewed(result.confirmed_at)
+        if loop.time() >= lease._expires_at:
+            locks._spawn(locks._release_on_server(lease, raise_errors=False))
+            raise _unavailable(TimeoutError("the grant arrived after the lease time had passed"))
+        keeper.add(lease)
+        locks._holds.setdefault(self.name, {})[owner] = lease
+        return self._got(lease, started)
+
+    async def _rollback(self, task: asyncio.Task[Acquired | Busy | None], lease: Lease) -> None:
         # Past this time anything the request got has expired on the server.
         give_up = lease._acquired_at + lease._lease_time + lease._ttl
         try:

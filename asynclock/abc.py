@@ -11,6 +11,13 @@ only answers requests:
   after an ambiguous failure returns ``Acquired`` again if the first attempt
   went through. ``Busy.retry_after`` is how long the current holder's lease
   has left, the longest a waiter may sleep without a wake-up.
+* Backends whose server queues waiters itself (ZooKeeper's sequential nodes,
+  PostgreSQL's lock queue) set ``queues_waiters = True`` and implement
+  ``wait_acquire`` instead of the try-and-notify pair: it waits in the
+  server's queue until held (``Acquired``) or ``timeout`` (``None``). When the
+  front cancels it, it must leave the queue (delete its node, cancel the
+  server-side wait) before it returns; should it have got the lock anyway it
+  returns ``Acquired`` and the front releases it.
 * ``set_count`` records the hold count of a held lock (re-entry and inner
   releases); it must not create a lock that is not held.
 * ``release`` gives up a hold completely, only if ``hold`` still holds it.
@@ -39,9 +46,17 @@ __all__ = ["Acquired", "Backend", "BackendHooks", "Busy", "RenewItem"]
 
 @dataclass(frozen=True, slots=True)
 class Acquired:
-    """``try_acquire`` got the lock; ``token`` is its fencing token or None."""
+    """The lock is held; ``token`` is its fencing token or None.
+
+    ``confirmed_at``: the ``loop.time()`` at which the request that proves the
+    hold (for ZooKeeper the last acknowledged request of the session, for
+    PostgreSQL the grant on the lease's connection) was *sent*; the lease's
+    trusted deadline counts from it. None means the acquire request's own send
+    time, measured by the front.
+    """
 
     token: int | None
+    confirmed_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +93,8 @@ class Backend(Protocol):
 
     #: URL scheme family, e.g. ``"redis"``; shown in ``repr`` and logs.
     kind: str
+    #: True if the server queues waiters itself: the front calls ``wait_acquire``.
+    queues_waiters: bool
 
     async def start(self, hooks: BackendHooks) -> None:
         """Connect (or check the connection) and start listener tasks."""
@@ -90,6 +107,9 @@ class Backend(Protocol):
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
         """Take the lock for ``hold`` if free (or already held by ``hold``)."""
+
+    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        """Queue-style backends only: wait in the server's queue; None on timeout."""
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
         """Record ``count`` holds for ``hold``; False if ``hold`` no longer holds it."""

@@ -145,6 +145,7 @@ class MemoryBackend:
     """The in-process backend behind ``memory://``."""
 
     kind = "memory"
+    queues_waiters = False
 
     def __init__(self, *, prefix: str = "asynclock") -> None:
         self._prefix = prefix
@@ -163,6 +164,9 @@ class MemoryBackend:
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
         return _TABLE.try_acquire(self.lock_key(name), hold, ttl)
+
+    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        raise NotImplementedError("memory:// uses try_acquire and release notifications")
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
         return _TABLE.set_count(self.lock_key(name), hold, count, ttl)

@@ -76,6 +76,7 @@ class RedisBackend:
     """Locks on one Redis server (or a primary with replicas)."""
 
     kind = "redis"
+    queues_waiters = False
 
     def __init__(self, client: aioredis.Redis, *, prefix: str = "asynclock", owns_client: bool = False) -> None:
         self._client = client
@@ -125,6 +126,9 @@ class RedisBackend:
             return Acquired(int(value))
         pttl = int(value)
         return Busy(pttl / 1000 if pttl >= 0 else 0.0)
+
+    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        raise NotImplementedError("Redis uses try_acquire and release notifications")
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
         done = await _call(self._set_count(keys=[self.lock_key(name)], args=[hold, count, _ms(ttl)]))

@@ -1,0 +1,68 @@
+"""Fixtures: real servers (session-scoped) and one harness per backend.
+
+The contract suite runs every test once per backend listed in ``BACKENDS``;
+each harness gives a fresh key prefix (isolation), ways to connect, and the
+faults that backend supports (expire a hold server-side, pause the server,
+drop connections).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from tests.harness import Harness, MemoryHarness, RedisHarness
+from tests.servers import RedisServer
+
+BACKENDS = ["memory", "redis"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="run the long torture tests too")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow") or os.environ.get("ASYNCLOCK_SLOW"):
+        return
+    skip = pytest.mark.skip(reason="torture test: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def redis_fresh() -> Iterator[RedisServer]:
+    """A redis-server of its own, for tests that kill, pause or restart it."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(params=BACKENDS)
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    kind = request.param
+    h: Harness
+    if kind == "memory":
+        h = MemoryHarness()
+    elif kind == "redis":
+        h = RedisHarness(request.getfixturevalue("redis_server"))
+    else:  # pragma: no cover
+        raise AssertionError(kind)
+    async with h:
+        yield h

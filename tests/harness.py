@@ -1,0 +1,118 @@
+"""Per-backend test harnesses: connect, inject faults, check hygiene."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from types import TracebackType
+from typing import Any
+
+import redis.asyncio as aioredis
+
+import asynclock
+from asynclock.backends import memory
+from asynclock.backends.redis import RedisBackend
+from tests.servers import RedisServer
+
+
+class Harness:
+    """What the contract suite needs from a backend."""
+
+    kind = "?"
+    #: whether killing the server / its connections is possible
+    can_pause = False
+
+    def __init__(self) -> None:
+        self.prefix = f"t{secrets.token_hex(4)}"
+        self._clients: list[asynclock.Locks] = []
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def connect(self, **options: Any) -> asynclock.Locks:
+        options.setdefault("prefix", self.prefix)
+        locks = asynclock.connect(self.url, **options)
+        self._clients.append(locks)
+        return locks
+
+    async def expire(self, name: str) -> bool:
+        """Remove the hold on ``name`` server-side, as an expiry would (no notification)."""
+        raise NotImplementedError
+
+    async def leftovers(self) -> list[str]:
+        """Keys (or nodes) of this test's prefix still present, fence counters aside."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Harness:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for locks in self._clients:
+            await locks.aclose()
+        if exc_type is None:
+            left = await self.leftovers()
+            assert not left, f"test left locks behind: {left}"
+        await self.close()
+
+    async def close(self) -> None:
+        pass
+
+
+class MemoryHarness(Harness):
+    kind = "memory"
+
+    @property
+    def url(self) -> str:
+        return "memory://"
+
+    async def expire(self, name: str) -> bool:
+        return memory.expire(name, prefix=self.prefix)
+
+    async def leftovers(self) -> list[str]:
+        return [key for key in memory._TABLE.held_keys() if key.startswith(self.prefix + ":")]
+
+
+class RedisHarness(Harness):
+    kind = "redis"
+    can_pause = True
+
+    def __init__(self, server: RedisServer) -> None:
+        super().__init__()
+        self.server = server
+        self.admin = aioredis.Redis.from_url(server.url)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def expire(self, name: str) -> bool:
+        return bool(await self.admin.delete(f"{self.prefix}:{{{name}}}"))
+
+    async def leftovers(self) -> list[str]:
+        keys = [k.decode() async for k in self.admin.scan_iter(match=f"{self.prefix}:*")]
+        return [k for k in keys if not k.endswith(":fence")]
+
+    async def close(self) -> None:
+        keys = [k async for k in self.admin.scan_iter(match=f"{self.prefix}:*")]
+        if keys:
+            await self.admin.delete(*keys)
+        await self.admin.aclose()
+
+
+def redis_backend(locks: asynclock.Locks) -> RedisBackend:
+    backend = locks.backend
+    assert isinstance(backend, RedisBackend)
+    return backend
+
+
+async def eventually(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:
+    """Wait until ``predicate()`` is true (test helper; never used by the library)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)

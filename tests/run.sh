@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh machine, installing what is missing:
+# the servers the tests start (Debian packages, when root), a virtualenv in
+# .venv with the package and its dev extras, then ruff, mypy and pytest.
+# Extra arguments go to pytest (e.g. --run-slow for the torture tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+if ((${#missing[@]})); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing: ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "missing: ${missing[*]} (install them, or run this as root on Debian/Ubuntu)" >&2
+        exit 1
+    fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+
+.venv/bin/ruff check asynclock tests examples benchmarks
+.venv/bin/ruff format --check asynclock tests examples benchmarks
+.venv/bin/mypy
+exec .venv/bin/python -m pytest "$@"

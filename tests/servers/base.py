@@ -1,0 +1,135 @@
+"""The shared part of every test server: a child process we own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+#: Multiply every test ttl/timeout by this on slow machines (ASYNCLOCK_TEST_SCALE=2 …).
+SCALE = float(os.environ.get("ASYNCLOCK_TEST_SCALE", "1"))
+
+
+def scaled(seconds: float) -> float:
+    return seconds * SCALE
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A server process started (and only ever signalled) by us."""
+
+    name = "server"
+
+    def __init__(self, workdir: Path | None = None) -> None:
+        self._own_dir = workdir is None
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"asynclock-{self.name}-")) if workdir is None else workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / f"{self.name}.log"
+        self._paused = False
+
+    # to be provided by subclasses
+    def command(self) -> Sequence[str]:
+        raise NotImplementedError
+
+    def is_ready(self) -> bool:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str] | None:
+        return None
+
+    def preexec(self) -> Callable[[], None] | None:
+        return None
+
+    # life cycle
+    def start(self, timeout: float = 30.0) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it open
+        self.proc = subprocess.Popen(
+            list(self.command()),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.workdir,
+            env=self.env(),
+            start_new_session=True,
+            preexec_fn=self.preexec(),
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if self.is_ready():
+                    self._paused = False
+                    return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"{self.name} not ready within {timeout}s:\n{self.log()}")
+
+    def log(self, tail: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return "(no log)"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def pause(self) -> None:
+        """SIGSTOP: the server stops answering but keeps its connections open."""
+        if self.running:
+            os.kill(self.pid, signal.SIGSTOP)
+            self._paused = True
+
+    def resume(self) -> None:
+        if self.running and self._paused:
+            os.kill(self.pid, signal.SIGCONT)
+            self._paused = False
+
+    def kill(self) -> None:
+        """SIGKILL and reap, like a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._paused = False
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL after a deadline) and reap."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.resume()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._paused = False
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_dir:
+            import shutil
+
+            shutil.rmtree(self.workdir, ignore_errors=True)
