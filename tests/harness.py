@@ -21,6 +21,8 @@ class Harness:
     kind = "?"
     #: whether killing the server / its connections is possible
     can_pause = False
+    #: whether the server keeps the hold count (info().hold_count of a re-entered lock)
+    server_counts = True
 
     def __init__(self) -> None:
         self.prefix = f"t{secrets.token_hex(4)}"

@@ -1,0 +1,389 @@
+"""The contract every backend keeps (API.md), run once per backend.
+
+Each test gets a harness (``tests/harness.py``) for one backend, with a
+fresh key prefix; the harness checks after the test that nothing was left
+behind on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import pytest
+
+import asynclock
+from asynclock import LockLost, LockTimeout, NotHeld
+from tests.harness import Harness
+from tests.servers import scaled
+
+pytestmark = pytest.mark.anyio
+
+TTL = scaled(0.6)
+
+
+async def test_acquire_release_and_lease_fields(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("basic")
+    assert not lock.held
+    lease = await lock.acquire()
+    loop = asyncio.get_running_loop()
+    assert lease.name == "basic"
+    assert isinstance(lease.token, int)
+    assert lease.hold_count == 1
+    assert lease.expires_at > loop.time()
+    assert not lease.lost
+    assert lock.held
+    info = await lock.info()
+    assert info.owner is not None and info.owner.startswith(locks.client_id)
+    assert info.key == lock.key
+    assert info.token == lease.token
+    await lock.release()
+    assert not lock.held
+    assert (await lock.info()).owner is None
+
+
+async def test_async_with_releases_on_exit_and_on_error(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("with")
+    async with lock as lease:
+        assert lock.held and lease.hold_count == 1
+    assert not lock.held
+    with pytest.raises(ZeroDivisionError):
+        async with lock:
+            1 / 0  # noqa: B018
+    assert not lock.held
+    assert (await lock.info()).owner is None
+
+
+async def test_reentry_counts_holds_and_keeps_token(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("re")
+    async with lock as outer:
+        async with lock as inner:
+            assert inner is outer
+            assert inner.hold_count == 2
+            if harness.server_counts:
+                assert (await lock.info()).hold_count == 2
+        assert outer.hold_count == 1 and lock.held
+        assert (await lock.info()).owner is not None
+    assert not lock.held
+    assert (await lock.info()).owner is None
+
+
+async def test_other_task_waits_and_gets_a_higher_token(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("handoff")
+    first = await lock.acquire()
+    got = asyncio.Event()
+    tokens: list[int | None] = []
+
+    async def other() -> None:
+        async with lock as lease:
+            tokens.append(lease.token)
+            got.set()
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0.05)
+    assert not got.is_set(), "another task of the same process must wait"
+    await lock.release()
+    await asyncio.wait_for(task, scaled(5))
+    assert first.token is not None and tokens[0] is not None and tokens[0] > first.token
+
+
+async def test_two_clients_exclude_each_other_with_increasing_tokens(harness: Harness) -> None:
+    a = harness.connect(ttl=TTL)
+    b = harness.connect(ttl=TTL)
+    inside = 0
+    tokens: list[int] = []
+
+    async def worker(locks: asynclock.Locks) -> None:
+        nonlocal inside
+        for _ in range(6):
+            async with locks.lock("shared") as lease:
+                inside += 1
+                assert inside == 1, "two holders at once"
+                assert lease.token is not None
+                tokens.append(lease.token)
+                await asyncio.sleep(0.002)
+                inside -= 1
+
+    await asyncio.wait_for(asyncio.gather(worker(a), worker(b), worker(a), worker(b)), scaled(20))
+    assert len(tokens) == 24
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+async def test_timeout_zero_tries_once_and_timeout_bounds_the_wait(harness: Harness) -> None:
+    a = harness.connect(ttl=TTL)
+    b = harness.connect(ttl=TTL)
+    async with a.lock("busy"):
+        with pytest.raises(LockTimeout) as caught:
+            await b.lock("busy").acquire(timeout=0)
+        assert isinstance(caught.value, TimeoutError)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(LockTimeout):
+            await b.lock("busy").acquire(timeout=0.3)
+        assert loop.time() - start >= 0.29
+        assert not b.lock("busy").held
+
+
+async def test_release_by_non_owner_double_release_and_after_loss(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("owner")
+    lease = await lock.acquire()
+
+    async def intruder() -> None:
+        with pytest.raises(NotHeld):
+            await lock.release()
+
+    await asyncio.create_task(intruder())
+    other_client = harness.connect(ttl=TTL)
+    with pytest.raises(NotHeld):
+        await other_client.lock("owner").release()
+    info = await lock.info()
+    assert info.owner is not None and info.token == lease.token, "a non-owner release changed the server"
+    await lock.release()
+    with pytest.raises(NotHeld):
+        await lock.release()
+
+    lease = await lock.acquire()
+    assert await harness.expire("owner")
+    await asyncio.wait_for(lease.wait_lost(), scaled(5))
+    with pytest.raises(NotHeld):
+        await lock.release()
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda locks: locks.lock(""), ValueError),
+        (lambda locks: locks.lock(42), TypeError),
+        (lambda locks: locks.lock(b"bytes"), TypeError),
+        (lambda locks: locks.lock("x" * 100_000), ValueError),
+        (lambda locks: locks.lock("\udcff"), ValueError),
+        (lambda locks: locks.lock("n", ttl=0), ValueError),
+        (lambda locks: locks.lock("n", ttl=-1), ValueError),
+        (lambda locks: locks.lock("n", ttl=math.nan), ValueError),
+        (lambda locks: locks.lock("n", ttl=math.inf), ValueError),
+        (lambda locks: locks.lock("n", ttl="5"), TypeError),
+        (lambda locks: locks.lock("n", ttl=True), TypeError),
+    ],
+)
+async def test_bad_arguments_raise_before_any_io(harness: Harness, make: object, error: type[Exception]) -> None:
+    locks = harness.connect(ttl=TTL)
+    assert callable(make)
+    with pytest.raises(error):
+        make(locks)
+
+
+@pytest.mark.parametrize("timeout", [-1, -0.001, math.nan, "1"])
+async def test_bad_timeout_raises_before_any_io(harness: Harness, timeout: object) -> None:
+    locks = harness.connect(ttl=TTL)
+    with pytest.raises((ValueError, TypeError)):
+        await locks.lock("t").acquire(timeout=timeout)  # type: ignore[arg-type]
+    assert (await locks.lock("t").info()).owner is None
+
+
+async def test_renewal_keeps_the_lock_past_its_ttl(harness: Harness) -> None:
+    a = harness.connect(ttl=TTL)
+    b = harness.connect(ttl=TTL)
+    async with a.lock("long") as lease:
+        first_deadline = lease.expires_at
+        await asyncio.sleep(TTL * 3)
+        assert not lease.lost
+        assert lease.expires_at > first_deadline
+        with pytest.raises(LockTimeout):
+            await b.lock("long").acquire(timeout=0)
+
+
+async def test_loss_cancels_the_body_and_raises_lock_lost(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("lost")
+    loop = asyncio.get_running_loop()
+    cancelled_at: list[float] = []
+    child_cancelled = asyncio.Event()
+    deadline_seen: list[float] = []
+
+    async def child() -> None:
+        try:
+            await asyncio.sleep(100)
+        except asyncio.CancelledError:
+            child_cancelled.set()
+            raise
+
+    with pytest.raises(LockLost) as caught:
+        async with lock as lease:
+            assert await harness.expire("lost")
+            deadline_seen.append(lease.expires_at)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(child())
+                    await asyncio.sleep(100)
+            finally:
+                cancelled_at.append(loop.time())
+    assert caught.value.name == "lost"
+    assert lease.lost and lease.lost_reason
+    assert child_cancelled.is_set(), "a task group inside the body is cancelled with it"
+    # cancelled by the next renewal at the latest, and never after the trusted deadline
+    assert cancelled_at[0] <= deadline_seen[0] + 0.05
+    assert await asyncio.wait_for(lease.wait_lost(), 1) == lease.lost_reason
+    assert not lock.held
+
+
+async def test_a_holder_that_stops_renewing_loses_the_lock_after_its_ttl(harness: Harness) -> None:
+    dead = harness.connect(ttl=TTL)
+    alive = harness.connect(ttl=TTL)
+    lease = await dead.lock("crash").acquire()
+    # the holder "dies": its watchdog stops and it never releases
+    assert dead._keeper is not None
+    await dead._keeper.aclose()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async with alive.lock("crash") as taken:
+        assert taken.token is not None and lease.token is not None and taken.token > lease.token
+    assert loop.time() - start <= TTL + scaled(1.0)
+    assert lease.lost  # its own trusted deadline has passed too
+
+
+async def test_cancelled_waiter_leaves_nothing_behind(harness: Harness) -> None:
+    a = harness.connect(ttl=TTL)
+    b = harness.connect(ttl=TTL)
+    holder = await a.lock("cw").acquire()
+    waiter = asyncio.create_task(b.lock("cw").acquire())
+    await asyncio.sleep(0.05)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await a.lock("cw").release()
+    assert holder.token is not None
+    # the cancelled waiter holds nothing: a third party gets it at once
+    c = harness.connect(ttl=TTL)
+    async with c.lock("cw"):
+        pass
+
+
+async def test_cancelling_acquire_or_release_at_random_points_never_leaves_a_hold(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    other = harness.connect(ttl=TTL)
+    rng = random.Random(1234)
+    cancelled = 0
+    lock = locks.lock("fuzz")
+
+    async def use() -> None:
+        await lock.acquire()
+        await lock.release()
+
+    for _ in range(60):
+        task = asyncio.create_task(use())
+        await asyncio.sleep(rng.uniform(0, 0.003))
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            cancelled += 1
+        # wherever the cancellation landed, the lock is free for somebody else
+        # right away (not after the ttl)
+        async with asyncio.timeout(TTL / 2):
+            async with other.lock("fuzz"):
+                pass
+    assert cancelled > 0
+
+
+async def test_timeout_via_asyncio_timeout_keeps_the_owner(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("own")
+    async with asyncio.timeout(scaled(5)):
+        await lock.acquire()
+    assert lock.held
+    await lock.release()
+
+
+async def test_many_waiters_all_get_it_one_at_a_time(harness: Harness) -> None:
+    clients = [harness.connect(ttl=TTL) for _ in range(3)]
+    inside = 0
+    done = 0
+
+    async def worker(locks: asynclock.Locks) -> None:
+        nonlocal inside, done
+        for _ in range(4):
+            async with locks.lock("crowd"):
+                inside += 1
+                assert inside == 1
+                await asyncio.sleep(0.001)
+                inside -= 1
+                done += 1
+
+    await asyncio.wait_for(asyncio.gather(*(worker(clients[i % 3]) for i in range(9))), scaled(30))
+    assert done == 36
+
+
+async def test_events_are_reported(harness: Harness) -> None:
+    events: list[asynclock.LockEvent] = []
+    locks = harness.connect(ttl=TTL, on_event=events.append)
+    lock = locks.lock("ev")
+    async with lock:
+        await asyncio.sleep(TTL * 0.6)  # at least one renewal
+        other = asyncio.create_task(lock.acquire(timeout=0))
+        with pytest.raises(LockTimeout):
+            await other
+    lease = await lock.acquire()
+    await harness.expire("ev")
+    await asyncio.wait_for(lease.wait_lost(), scaled(5))
+    await asyncio.sleep(0)
+    kinds = [event.kind for event in events]
+    for kind in ("acquired", "renewed", "timeout", "released", "lost"):
+        assert kind in kinds, kinds
+    released = next(e for e in events if e.kind == "released")
+    assert released.held_s is not None and released.held_s > 0
+    lost = next(e for e in events if e.kind == "lost")
+    assert lost.reason
+
+
+async def test_a_failing_event_callback_is_logged_not_raised(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(event: asynclock.LockEvent) -> None:
+        raise RuntimeError("callback bug")
+
+    locks = harness.connect(ttl=TTL, on_event=broken)
+    async with locks.lock("cb"):
+        pass
+    await asyncio.sleep(0.01)
+    assert "callback bug" in caplog.text
+
+
+async def test_aclose_releases_what_the_client_holds(harness: Harness) -> None:
+    a = harness.connect(ttl=scaled(10))
+    b = harness.connect(ttl=scaled(10))
+    await a.lock("close").acquire()
+    await a.aclose()
+    async with b.lock("close") as lease:  # at once, not after the 10 s ttl
+        assert lease.token is not None
+    with pytest.raises(RuntimeError):
+        await a.lock("close").acquire()
+
+
+async def test_lease_outside_async_with_reports_loss(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("manual")
+    lease = await lock.acquire()
+    waiting = asyncio.create_task(lease.wait_lost())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    await harness.expire("manual")
+    reason = await asyncio.wait_for(waiting, scaled(5))
+    assert reason and lease.lost and not lock.held
+
+
+async def test_unicode_and_odd_names_are_distinct_locks(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    names = ["ключ", "a/b", "a//b", "a/b/", "..", ".", "a b", "{x}", "x}", "%2F", "a\x00b", "a\nb", "🔒"]
+    leases = []
+    for name in names:
+        leases.append(await locks.lock(name).acquire(timeout=0))
+    keys = {locks.lock(name).key for name in names}
+    assert len(keys) == len(names)
+    for name in names:
+        await locks.lock(name).release()
