@@ -263,9 +263,14 @@ class _Listener:
         while True:
             conn = None
             try:
-                kwargs = dict(self._client.connection_pool.connection_kwargs)
+                # A plain RESP2 connection of our own: no read timeout (it waits
+                # for messages), no retries or maintenance handling behind our back.
+                kwargs = {
+                    key: value
+                    for key, value in self._client.connection_pool.connection_kwargs.items()
+                    if key != "retry" and not key.startswith(("maint_notifications", "orig_"))
+                }
                 kwargs.update(socket_timeout=None, decode_responses=False, protocol=2)
-                kwargs.pop("retry", None)
                 conn = cast(Any, self._client.connection_pool.connection_class)(**kwargs)
                 await conn.connect()
                 self._conn = conn

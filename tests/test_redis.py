@@ -1,0 +1,336 @@
+"""Redis-only behaviour on real redis-server processes: faults the contract
+suite cannot express (server paused, connection cut or reset, restart with
+no data, script cache flushed, pub/sub dropped) and the watchdog's batching."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+import asynclock
+from asynclock import BackendUnavailable, LockLost, LockTimeout
+from asynclock.abc import Acquired, Busy
+from asynclock.backends.redis import RedisBackend, _ms
+from tests.harness import redis_backend
+from tests.servers import RedisServer, scaled
+from tests.servers.proxy import TcpProxy
+
+pytestmark = pytest.mark.anyio
+
+TTL = scaled(0.6)
+
+
+@pytest.fixture
+async def admin(redis_fresh: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_fresh.url)
+    yield client
+    await client.aclose()
+
+
+async def _commands(admin: aioredis.Redis, name: str) -> int:
+    stats = await admin.info("commandstats")
+    entry = stats.get(f"cmdstat_{name}")
+    return int(entry["calls"]) if entry else 0
+
+
+async def test_server_paused_past_the_ttl_cancels_the_holder_by_its_deadline(redis_fresh: RedisServer) -> None:
+    loop = asyncio.get_running_loop()
+    async with asynclock.connect(redis_fresh.url, ttl=TTL) as locks:
+        cancelled_at: list[float] = []
+        with pytest.raises(LockLost):
+            async with locks.lock("paused") as lease:
+                await asyncio.sleep(TTL / 2)
+                redis_fresh.pause()
+                try:
+                    await asyncio.sleep(60)
+                finally:
+                    cancelled_at.append(loop.time())
+        redis_fresh.resume()
+        assert cancelled_at[0] <= lease.expires_at + 0.05, "the body outlived its trusted deadline"
+        assert lease.lost
+
+
+async def test_connection_cut_past_the_ttl_cancels_before_anyone_else_gets_in(redis_fresh: RedisServer) -> None:
+    loop = asyncio.get_running_loop()
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        cut = asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=TTL)
+        direct = asynclock.connect(redis_fresh.url, ttl=TTL)
+        async with cut, direct:
+            cancelled_at: list[float] = []
+            successor_at: list[float] = []
+
+            async def holder() -> None:
+                with pytest.raises(LockLost):
+                    async with cut.lock("cut"):
+                        proxy.blackhole()
+                        try:
+                            await asyncio.sleep(60)
+                        finally:
+                            cancelled_at.append(loop.time())
+
+            async def successor() -> None:
+                await asyncio.sleep(0.05)
+                async with direct.lock("cut"):
+                    successor_at.append(loop.time())
+
+            await asyncio.wait_for(asyncio.gather(holder(), successor()), scaled(10))
+            proxy.heal()
+            assert cancelled_at[0] < successor_at[0], "two holders at once"
+
+
+async def test_brief_connection_resets_are_not_losses(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        async with asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=TTL) as locks:
+            async with locks.lock("resets") as lease:
+                for _ in range(4):
+                    proxy.reset()
+                    await admin.client_kill_filter(_type="normal", skipme=True)
+                    await asyncio.sleep(TTL / 2)
+                assert not lease.lost
+
+
+async def test_latency_within_the_ttl_causes_no_loss(redis_fresh: RedisServer) -> None:
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        proxy.delay(0.05)
+        async with asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=scaled(1.0)) as locks:
+            async with locks.lock("slow") as lease:
+                await asyncio.sleep(scaled(2.5))
+                assert not lease.lost
+
+
+async def test_tokens_keep_increasing_after_a_restart_with_no_data(redis_fresh: RedisServer) -> None:
+    async with asynclock.connect(redis_fresh.url, ttl=TTL) as locks:
+        async with locks.lock("fence") as lease:
+            before = lease.token
+        assert before is not None
+        holder = await locks.lock("held-through-restart").acquire()
+        redis_fresh.restart_empty()
+        # the hold died with the data: its holder must find out
+        assert await asyncio.wait_for(holder.wait_lost(), scaled(5))
+        async with locks.lock("fence") as lease:
+            assert lease.token is not None and lease.token > before
+
+
+async def test_script_cache_flush_is_invisible(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
+    async with asynclock.connect(redis_fresh.url, ttl=TTL) as locks:
+        lock = locks.lock("flush")
+        for _ in range(3):
+            await admin.script_flush()
+            async with lock as lease:
+                await admin.script_flush()
+                await asyncio.sleep(TTL / 2)  # a renewal runs on a flushed cache
+                assert not lease.lost
+                await admin.script_flush()
+                assert (await lock.info()).owner is not None
+            await admin.script_flush()
+
+
+async def test_a_release_wakes_the_waiter_long_before_the_holders_ttl(redis_server: RedisServer) -> None:
+    loop = asyncio.get_running_loop()
+    ttl = 20.0
+    async with (
+        asynclock.connect(redis_server.url, ttl=ttl, prefix="wake") as a,
+        asynclock.connect(redis_server.url, ttl=ttl, prefix="wake") as b,
+    ):
+        await a.lock("w").acquire()
+        waiter = asyncio.create_task(b.lock("w").acquire())
+        await asyncio.sleep(0.1)
+        released = loop.time()
+        await a.lock("w").release()
+        await asyncio.wait_for(waiter, ttl / 2)
+        assert loop.time() - released < ttl / 4
+        assert waiter.result().token is not None  # held by the finished task; aclose releases it
+
+
+async def test_dropped_pubsub_connection_does_not_strand_waiters(
+    redis_fresh: RedisServer, admin: aioredis.Redis
+) -> None:
+    ttl = 20.0
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=ttl) as a,
+        asynclock.connect(redis_fresh.url, ttl=ttl) as b,
+    ):
+        await a.lock("ps").acquire()
+        got = asyncio.Event()
+
+        async def wait_for_it() -> None:
+            async with b.lock("ps"):
+                got.set()
+
+        waiter = asyncio.create_task(wait_for_it())
+        await asyncio.sleep(0.1)
+        for _ in range(3):
+            async with asyncio.timeout(scaled(5)):
+                while not await admin.client_list(_type="pubsub"):
+                    await asyncio.sleep(0.01)  # the listener is reconnecting
+            assert await admin.client_kill_filter(_type="pubsub") >= 1
+        await a.lock("ps").release()  # may be published while b is not subscribed
+        await asyncio.wait_for(got.wait(), ttl / 4)
+        await waiter
+
+
+async def test_waiters_survive_a_server_restart(redis_fresh: RedisServer) -> None:
+    ttl = 20.0
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=ttl) as a,
+        asynclock.connect(redis_fresh.url, ttl=ttl) as b,
+    ):
+        await a.lock("rs").acquire()
+        waiter = asyncio.create_task(b.lock("rs").acquire())
+        await asyncio.sleep(0.1)
+        redis_fresh.restart_empty()  # the hold is gone; nobody publishes a release
+        lease = await asyncio.wait_for(waiter, ttl / 4)
+        assert lease.token is not None
+
+
+async def test_only_one_local_waiter_is_woken_per_release(redis_server: RedisServer) -> None:
+    async with asynclock.connect(redis_server.url, ttl=scaled(5), prefix="herd") as locks:
+        backend = redis_backend(locks)
+        tries = 0
+        original = backend.try_acquire
+
+        async def counting(name: str, hold: str, ttl: float) -> Acquired | Busy:
+            nonlocal tries
+            tries += 1
+            return await original(name, hold, ttl)
+
+        backend.try_acquire = counting  # type: ignore[method-assign]
+        workers, rounds = 8, 5
+
+        async def worker() -> None:
+            for _ in range(rounds):
+                async with locks.lock("h"):
+                    await asyncio.sleep(0.002)
+
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(workers))), scaled(30))
+        acquisitions = workers * rounds
+        # each acquisition costs about one try after its wake-up, plus the
+        # fast-path try and the try after subscribing; a herd would cost
+        # about `workers` tries per release
+        assert tries <= acquisitions * 3 + workers, (tries, acquisitions)
+
+
+async def test_watchdog_renews_many_leases_in_few_round_trips(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
+    ttl = scaled(1.5)
+    count = 2000
+    async with asynclock.connect(redis_fresh.url, ttl=ttl) as locks:
+        leases = [await locks.lock(f"many-{i}").acquire() for i in range(count)]
+        assert locks._keeper is not None
+        await admin.config_resetstat()
+        trips_before = locks._keeper.round_trips
+        await asyncio.sleep(ttl)  # three renewal periods
+        trips = locks._keeper.round_trips - trips_before
+        evals = await _commands(admin, "evalsha") + await _commands(admin, "eval")
+        assert all(not lease.lost for lease in leases)
+        assert trips <= 15, trips
+        assert evals <= 30, evals
+        assert await _commands(admin, "pexpire") >= count  # really renewed, inside the script
+        for i in range(count):
+            await locks.lock(f"many-{i}").release()
+
+
+async def test_cancellation_at_random_points_under_latency_leaves_no_key(redis_fresh: RedisServer) -> None:
+    rng = random.Random(7)
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        proxy.delay(0.003)
+        slow = asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=scaled(2.0), prefix="cx")
+        fast = asynclock.connect(redis_fresh.url, ttl=scaled(2.0), prefix="cx")
+        async with slow, fast:
+            lock = slow.lock("c")
+            cancelled = 0
+
+            async def use() -> None:
+                await lock.acquire()
+                await lock.release()
+
+            for _ in range(40):
+                task = asyncio.create_task(use())
+                await asyncio.sleep(rng.uniform(0, 0.02))
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    cancelled += 1
+                # free again well before the 2 s ttl could have freed it
+                async with asyncio.timeout(scaled(1.0)), fast.lock("c"):
+                    pass
+            assert cancelled > 5
+        admin = aioredis.Redis.from_url(redis_fresh.url)
+        try:
+            left = [k async for k in admin.scan_iter(match="cx:*") if not k.endswith(b":fence")]
+            assert left == []
+        finally:
+            await admin.aclose()
+
+
+async def test_given_client_is_used_and_not_closed(redis_server: RedisServer) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    async with asynclock.connect(client, ttl=TTL, prefix="given") as locks:
+        async with locks.lock("g") as lease:
+            assert lease.token is not None
+            assert await client.exists("given:{g}") == 1
+    assert await client.ping()
+    await client.aclose()
+
+
+async def test_unix_socket_url(redis_server: RedisServer) -> None:
+    async with asynclock.connect(redis_server.unix_url, ttl=TTL, prefix="unix") as locks:
+        async with locks.lock("u") as lease:
+            assert lease.token is not None
+
+
+async def test_url_query_options(redis_server: RedisServer) -> None:
+    async with asynclock.connect(f"{redis_server.url}?ttl=2.5&prefix=q") as locks:
+        lock = locks.lock("opt")
+        assert lock.ttl == 2.5
+        assert lock.key == "q:{opt}"
+        async with lock:
+            assert 0 < ((await lock.info()).ttl or 0) <= 2.5
+
+
+async def test_unreachable_server_raises_backend_unavailable_within_the_timeout() -> None:
+    from tests.servers import free_port
+
+    locks = asynclock.connect(f"redis://127.0.0.1:{free_port()}/0", ttl=TTL)
+    with pytest.raises(BackendUnavailable):
+        await locks.lock("x").acquire(timeout=0.5)
+    await locks.aclose()
+
+
+async def test_bad_urls_and_objects() -> None:
+    with pytest.raises(ValueError, match="scheme"):
+        asynclock.connect("mysql://localhost/db")
+    with pytest.raises(ValueError):
+        asynclock.connect("nothing-here")
+    with pytest.raises(TypeError):
+        asynclock.connect(object())
+    with pytest.raises(ValueError):
+        asynclock.connect("redis://localhost:6379/0?ttl=-3")
+    with pytest.raises(ValueError):
+        asynclock.connect("memory://", prefix="")
+
+
+def test_pexpire_argument_is_never_zero_or_negative() -> None:
+    assert _ms(1e-9) == 1
+    assert _ms(0.0015) == 2
+    assert _ms(30.0) == 30000
+
+
+async def test_timeout_while_busy_is_lock_timeout_not_unavailable(redis_server: RedisServer) -> None:
+    async with (
+        asynclock.connect(redis_server.url, ttl=TTL, prefix="tb") as a,
+        asynclock.connect(redis_server.url, ttl=TTL, prefix="tb") as b,
+    ):
+        async with a.lock("t"):
+            with pytest.raises(LockTimeout):
+                await b.lock("t").acquire(timeout=0.2)
+
+
+def test_backend_keys_share_one_hash_tag() -> None:
+    backend = RedisBackend(aioredis.Redis(), prefix="p")
+    assert backend.lock_key("n") == "p:{n}"
+    assert backend.channel("n") == "p:{n}:released"
