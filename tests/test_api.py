@@ -1,0 +1,56 @@
+"""The public face: exports, the quickstart in the README, optional extras."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import asynclock
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_all_lists_exactly_the_public_names_sorted() -> None:
+    public = {name for name in vars(asynclock) if not name.startswith("_")} - {"abc", "backends", "cli"}
+    assert set(asynclock.__all__) - {"__version__"} == public
+    assert list(asynclock.__all__) == sorted(asynclock.__all__)
+
+
+def test_exception_tree() -> None:
+    assert issubclass(asynclock.LockTimeout, asynclock.LockError)
+    assert issubclass(asynclock.LockTimeout, TimeoutError)
+    assert issubclass(asynclock.BackendUnavailable, ConnectionError)
+    for exc in (asynclock.LockLost, asynclock.NotHeld, asynclock.BackendUnavailable):
+        assert issubclass(exc, asynclock.LockError)
+    lost = asynclock.LockLost("n", "why")
+    assert lost.name == "n" and lost.reason == "why"
+
+
+def test_readme_quickstart_runs_and_is_short() -> None:
+    readme = (ROOT / "README.md").read_text()
+    first = re.search(r"```python\n(.*?)```", readme, re.S)
+    assert first is not None
+    code = first.group(1)
+    assert len(code.strip().splitlines()) < 15
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "fencing token" in done.stdout
+
+
+def test_import_needs_no_extra() -> None:
+    code = (
+        "import sys; sys.modules['redis'] = None; import asynclock; "
+        "import asyncio; asyncio.run(asynclock.connect('memory://').aclose()); print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_missing_extra_gives_an_install_hint() -> None:
+    code = "import sys; sys.modules['redis'] = None; import asynclock; asynclock.connect('redis://127.0.0.1:1/0')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "pip install 'asynclock[redis]'" in done.stderr
