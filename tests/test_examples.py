@@ -1,0 +1,143 @@
+"""The example apps in examples/, served in-process against a real redis-server.
+
+Each app runs its job under ``async with locks.lock(...)``; two concurrent
+requests for the same job must run one after the other with increasing
+fencing tokens, while requests for different jobs run side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import secrets
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from tests.servers import RedisServer, scaled
+
+pytestmark = pytest.mark.anyio
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+JOB_S = scaled(0.3)
+
+Post = Callable[[str], Awaitable[dict[str, Any]]]
+
+
+def load_example(name: str) -> ModuleType:
+    """A fresh copy of examples/<name>.py (each test patches its own)."""
+    module_name = f"example_{name}_{secrets.token_hex(4)}"
+    spec = importlib.util.spec_from_file_location(module_name, EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclass-like introspection (pydantic) looks modules up
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+class JobRecorder:
+    """Stands in for the example's ``build_report``: records when each job runs."""
+
+    def __init__(self, gate: int = 1) -> None:
+        self.log: list[tuple[str, str, int | None]] = []  # (start|end, job name, token)
+        self.active = 0
+        self.most_active = 0
+        self._gate = gate  # this many jobs must be running at once before any finishes
+        self._all_in = asyncio.Event()
+
+    async def __call__(self, name: str, fencing_token: int | None, seconds: float) -> None:
+        self.log.append(("start", name, fencing_token))
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        if self.active >= self._gate:
+            self._all_in.set()
+        try:
+            if self._gate > 1:
+                async with asyncio.timeout(scaled(5)):
+                    await self._all_in.wait()
+            await asyncio.sleep(seconds)
+        finally:
+            self.active -= 1
+            self.log.append(("end", name, fencing_token))
+
+
+@pytest.fixture
+def lock_url(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"{redis_server.url}?prefix=t{secrets.token_hex(4)}"
+    monkeypatch.setenv("ASYNCLOCK_URL", url)
+    return url
+
+
+@asynccontextmanager
+async def fastapi_client(module: ModuleType) -> AsyncIterator[Post]:
+    app = module.app
+    transport = httpx.ASGITransport(app=app)
+    # ASGITransport sends no lifespan events: enter the app's lifespan ourselves.
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+
+        async def post(job: str) -> dict[str, Any]:
+            response = await http.post(f"/jobs/{job}", params={"seconds": JOB_S})
+            assert response.status_code == 200, response.text
+            body: dict[str, Any] = response.json()
+            return body
+
+        yield post
+
+
+@asynccontextmanager
+async def aiohttp_client(module: ModuleType) -> AsyncIterator[Post]:
+    async with TestClient(TestServer(module.make_app(), host="127.0.0.1")) as http:
+
+        async def post(job: str) -> dict[str, Any]:
+            response = await http.post(f"/jobs/{job}", params={"seconds": str(JOB_S)})
+            assert response.status == 200, await response.text()
+            body: dict[str, Any] = await response.json()
+            return body
+
+        yield post
+
+
+CLIENTS: dict[str, Callable[[ModuleType], AbstractAsyncContextManager[Post]]] = {
+    "fastapi_app": fastapi_client,
+    "aiohttp_app": aiohttp_client,
+}
+
+
+@pytest.mark.parametrize("example", sorted(CLIENTS))
+async def test_same_job_requests_are_serialized(example: str, lock_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = load_example(example)
+    recorder = JobRecorder()
+    monkeypatch.setattr(module, "build_report", recorder)
+    async with CLIENTS[example](module) as post:
+        first, second = await asyncio.gather(post("nightly"), post("nightly"))
+
+    assert recorder.most_active == 1, recorder.log
+    (s1, _, t1), (e1, _, u1), (s2, _, t2), (e2, _, u2) = recorder.log
+    assert (s1, e1, s2, e2) == ("start", "end", "start", "end"), recorder.log
+    assert t1 == u1 and t2 == u2
+    assert isinstance(t1, int) and isinstance(t2, int) and t2 > t1, "each new holder gets a higher token"
+    assert sorted([first["token"], second["token"]]) == [t1, t2]
+    assert {first["job"], second["job"]} == {"nightly"}
+
+
+@pytest.mark.parametrize("example", sorted(CLIENTS))
+async def test_different_jobs_run_side_by_side(example: str, lock_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = load_example(example)
+    recorder = JobRecorder(gate=2)  # each job waits until the other one runs too
+    monkeypatch.setattr(module, "build_report", recorder)
+    async with CLIENTS[example](module) as post:
+        a, b = await asyncio.gather(post("invoices"), post("payroll"))
+
+    assert recorder.most_active == 2, recorder.log
+    assert {a["job"], b["job"]} == {"invoices", "payroll"}
