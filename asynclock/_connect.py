@@ -16,7 +16,6 @@ _PLANNED = {
     "redis+sentinel": "Redis Sentinel",
     "redis+cluster": "Redis Cluster",
     "redlock": "Redlock",
-    "zk": "ZooKeeper",
     "postgresql": "PostgreSQL",
     "postgres": "PostgreSQL",
 }
@@ -50,7 +49,7 @@ def connect(
     scheme or a bad option, TypeError for an unsupported object.
     """
     if isinstance(target, str):
-        backend, url_opts = _from_url(target, prefix, options)
+        backend, url_opts = _from_url(target, prefix, options, ttl)
     else:
         backend, url_opts = _from_client(target, prefix), {}
     chosen_ttl = ttl if ttl is not None else url_opts.get("ttl", 30.0)
@@ -65,7 +64,9 @@ def _split_query(url: str) -> tuple[str, dict[str, str]]:
     return rest, own
 
 
-def _from_url(url: str, prefix: str | None, options: dict[str, Any]) -> tuple[Backend, dict[str, Any]]:
+def _from_url(
+    url: str, prefix: str | None, options: dict[str, Any], ttl: float | None = None
+) -> tuple[Backend, dict[str, Any]]:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     rest, own = _split_query(url)
     url_opts: dict[str, Any] = {}
@@ -85,9 +86,15 @@ def _from_url(url: str, prefix: str | None, options: dict[str, Any]) -> tuple[Ba
         from .backends.redis import RedisBackend
 
         return RedisBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
+    if scheme == "zk":
+        from .backends.zookeeper import ZooKeeperBackend
+
+        # the lease is the session: its timeout defaults to the client's ttl
+        session_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl", 30.0)
+        return ZooKeeperBackend.from_url(rest, prefix=chosen_prefix, ttl=session_ttl, **options), url_opts
     if scheme in _PLANNED:
         raise ValueError(f"the {_PLANNED[scheme]} backend ({scheme}://) is not available in this version")
-    known = "memory://, redis://, rediss://, unix://"
+    known = "memory://, redis://, rediss://, unix://, zk://"
     raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
 
 

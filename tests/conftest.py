@@ -15,8 +15,9 @@ import pytest
 
 from tests.harness import Harness, MemoryHarness, RedisHarness
 from tests.servers import RedisServer
+from tests.servers.zookeeper import ZooKeeperServer
 
-BACKENDS = ["memory", "redis"]
+BACKENDS = ["memory", "redis", "zookeeper"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,6 +55,15 @@ def redis_fresh() -> Iterator[RedisServer]:
     server.cleanup()
 
 
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """One standalone ZooKeeper (100 ms tick) for the session; tests isolate by prefix."""
+    server = ZooKeeperServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
 @pytest.fixture(params=BACKENDS)
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     kind = request.param
@@ -62,6 +72,10 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         h = MemoryHarness()
     elif kind == "redis":
         h = RedisHarness(request.getfixturevalue("redis_server"))
+    elif kind == "zookeeper":
+        from tests.harness_zookeeper import ZooKeeperHarness
+
+        h = ZooKeeperHarness(request.getfixturevalue("zookeeper_server"))
     else:  # pragma: no cover
         raise AssertionError(kind)
     async with h:

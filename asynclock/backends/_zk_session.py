@@ -1,0 +1,531 @@
+"""One ZooKeeper session, on aiozk's wire format, with our own life cycle.
+
+aiozk (0.32) serialises the requests and replies here (``aiozk.protocol``);
+the connection, the session and the watches are ours, because aiozk's own
+``Connection``/``Session`` misbehave where a lock cannot afford it:
+
+* a dropped connection (EOF) went unnoticed until a ping timed out: here the
+  read loop ends on EOF and the connection is torn down at once, failing every
+  pending request with :class:`ZkConnectionLoss`;
+* a connection closed before the ConnectResponse was taken for an expired
+  session (the session id and password were dropped): here only an explicit
+  ``session_id == 0`` / ``timeout <= 0`` in a ConnectResponse means expiry;
+* reconnecting backed off 4 s, 8 s, … and probed each server with an
+  unbounded ``srvr`` command: here every attempt (TCP connect plus the
+  ConnectRequest round trip) is bounded by the session timeout divided by the
+  number of servers, and rounds are spaced by at most half a second;
+* requests were re-sent after a connection error (a duplicate sequential
+  node): here nothing is ever re-sent; the caller gets
+  :class:`ZkConnectionLoss` and decides (the lock recipe finds its node by its
+  GUID);
+* watches were re-registered (losing exists/deleted watches, and awaiting
+  inside the repair loop): here every watch is per connection; on disconnect
+  its callback runs with ``"disconnected"`` and the owner re-reads;
+* ``create`` dropped the Create2 stat: here Create2 returns it (czxid and
+  ephemeralOwner in the same round trip);
+* ``close()`` could wait a whole session timeout and raw ``aiozk.exc`` errors
+  leaked: here close is bounded and every error is ours
+  (:class:`ZkError` is a ``LockError``, :class:`ZkConnectionLoss` a
+  ``BackendUnavailable``).
+
+Liveness: ``confirmed_at`` is the send time (``loop.time()``) of the last
+request of this session that the server answered. The server cannot expire
+the session before ``confirmed_at + timeout`` (it received that request
+later than we sent it), which is what the lock's trusted deadline counts from.
+A connection on which a request goes unanswered for a third of the session
+timeout is given up and another server is tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    from aiozk import exc as zk_exc
+    from aiozk import protocol
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
+
+from .._errors import BackendUnavailable, LockError
+
+__all__ = [
+    "NODE_EXISTS",
+    "NO_NODE",
+    "Stat",
+    "ZkConnectionLoss",
+    "ZkError",
+    "ZkSession",
+]
+
+logger = logging.getLogger("asynclock")
+
+_SIZE = struct.Struct("!i")
+_REPLY = struct.Struct("!iqi")
+_WATCH_XID = -1
+_PING_XID = -2
+_AUTH_XID = -4
+
+# ZooKeeper error codes used by the recipe
+NO_NODE = -101
+NODE_EXISTS = -110
+NOT_EMPTY = -111
+SESSION_EXPIRED = -112
+SESSION_MOVED = -118
+
+_EVENT_CREATED, _EVENT_DELETED, _EVENT_CHANGED, _EVENT_CHILDREN = 1, 2, 3, 4
+_STATE_EXPIRED = -112
+
+#: Flags of a create request.
+EPHEMERAL, SEQUENTIAL, CONTAINER = 1, 2, 4
+
+#: Longest pause between two rounds of connection attempts, in seconds.
+_MAX_ROUND_PAUSE = 0.5
+
+WatchCallback = Callable[[str], None]
+
+
+class ZkError(LockError):
+    """ZooKeeper answered a request with an error ``code`` (e.g. NoNode, -101)."""
+
+    def __init__(self, code: int, path: str = "") -> None:
+        kind = zk_exc.response_error_xref.get(code)
+        self.code = code
+        self.label = kind.__name__ if kind is not None else f"error {code}"
+        super().__init__(f"ZooKeeper: {self.label}" + (f" ({path})" if path else ""))
+
+
+class ZkConnectionLoss(BackendUnavailable):
+    """The connection dropped (or the session expired) before the answer came: outcome unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """The parts of a znode's stat the recipe uses."""
+
+    czxid: int
+    ephemeral_owner: int
+
+    @classmethod
+    def of(cls, raw: Any) -> Stat:
+        return cls(int(raw.created_zxid), int(raw.ephemeral_owner))
+
+
+@dataclass(eq=False)
+class _Pending:
+    future: asyncio.Future[Any]
+    sent_at: float
+    opcode: int
+    path: str
+    watch: tuple[str, WatchCallback] | None = None
+
+
+@dataclass(eq=False)
+class _Conn:
+    seq: int
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    host: str
+    last_recv: float
+    last_send: float
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    pings: collections.deque[tuple[float, asyncio.Future[float] | None]] = field(default_factory=collections.deque)
+    dead: bool = False
+
+
+class ZkSession:
+    """A ZooKeeper session kept alive across connections to any server of ``hosts``.
+
+    Callbacks: ``on_connected()`` after every (re)connection of a live
+    session, ``on_expired(session_id)`` when the server reports that session
+    expired (a new one is then created), ``keepalive()`` whether the session
+    should ping by itself while idle (the lock backend turns this off while it
+    holds locks: then the lease watchdog's renewals are the heartbeat, so a
+    stalled watchdog lets the session, and the lock, go).
+    """
+
+    def __init__(
+        self,
+        hosts: list[tuple[str, int]],
+        *,
+        timeout: float,
+        on_connected: Callable[[], None] = lambda: None,
+        on_expired: Callable[[int], None] = lambda sid: None,
+        keepalive: Callable[[], bool] = lambda: True,
+    ) -> None:
+        if not hosts:
+            raise ValueError("no ZooKeeper servers given")
+        self.hosts = list(hosts)
+        self.requested_timeout = timeout
+        self.on_connected = on_connected
+        self.on_expired = on_expired
+        self.keepalive = keepalive
+        self.session_id = 0
+        self._password = b"\x00" * 16
+        #: negotiated session timeout in seconds (the requested one until connected)
+        self.timeout = timeout
+        self.last_zxid = 0
+        self.confirmed_at = 0.0
+        self.reconnects = 0
+        self._conn: _Conn | None = None
+        self._conn_seq = 0
+        self._xid = 0
+        self._connected = asyncio.Event()
+        self._watches: dict[tuple[str, str], list[WatchCallback]] = {}
+        self._runner: asyncio.Task[None] | None = None
+        self._closed = False
+        self._closing = False
+        self._next_host = random.randrange(len(self.hosts))
+
+    # -- life cycle ------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.dead
+
+    @property
+    def connection_seq(self) -> int:
+        """Changes with every new connection (watches belong to one connection)."""
+        return self._conn_seq
+
+    async def start(self, timeout: float) -> None:
+        """Connect (bounded by ``timeout``); BackendUnavailable if no server answered."""
+        if self._runner is None:
+            # it keeps trying in the background if this caller gives up; close() stops it
+            self._runner = asyncio.get_running_loop().create_task(self._run(), name="asynclock-zookeeper-session")
+        await self.wait_connected(timeout)
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Return once connected; ZkConnectionLoss after ``timeout`` seconds."""
+        if self._closed:
+            raise ZkConnectionLoss("the ZooKeeper session is closed")
+        if self.connected:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._connected.wait()
+        except TimeoutError:
+            raise ZkConnectionLoss(f"no ZooKeeper server of {self._servers()} answered within {timeout:.3g}s") from None
+        if self._closed:
+            raise ZkConnectionLoss("the ZooKeeper session is closed")
+
+    async def close(self, timeout: float) -> None:
+        """Close the session (its ephemeral nodes go at once), bounded by ``timeout``."""
+        if self._closed:
+            return
+        self._closing = True
+        conn = self._conn
+        if conn is not None and not conn.dead and self.session_id and timeout > 0:
+            with contextlib.suppress(LockError, TimeoutError, OSError):
+                async with asyncio.timeout(timeout):
+                    await self._send(conn, protocol.CloseRequest(), "")
+        self._closed = True
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._runner
+        if self._conn is not None:
+            self._drop(self._conn, "closed")
+        self._connected.set()  # wake waiters so they see the session closed
+
+    # -- requests --------------------------------------------------------------
+
+    def _current(self) -> _Conn:
+        conn = self._conn
+        if conn is None or conn.dead or self._closed:
+            raise ZkConnectionLoss("not connected to ZooKeeper")
+        return conn
+
+    def _send(
+        self, conn: _Conn, request: Any, path: str, watch: tuple[str, WatchCallback] | None = None
+    ) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        self._xid = self._xid + 1 if self._xid < 2**31 - 1 else 1
+        xid = self._xid
+        payload = request.serialize(xid)
+        future: asyncio.Future[Any] = loop.create_future()
+        now = loop.time()
+        conn.pending[xid] = _Pending(future, now, int(request.opcode), path, watch)
+        conn.last_send = now
+        try:
+            conn.writer.write(_SIZE.pack(len(payload)) + payload)
+        except (OSError, RuntimeError) as exc:
+            self._drop(conn, f"write failed: {exc!r}")
+        return future
+
+    async def call(self, request: Any, path: str = "", watch: tuple[str, WatchCallback] | None = None) -> Any:
+        """Send ``request`` now on the current connection and return the reply.
+
+        Raises ZkConnectionLoss at once when disconnected (nothing is queued
+        or re-sent), ZkError for an error reply. ``watch`` = (kind, callback)
+        registers a one-shot watch callback on ``path`` if the reply is a
+        success (kind ``"data"`` for exists/get_data, ``"child"`` for
+        get_children).
+        """
+        return await self._send(self._current(), request, path, watch)
+
+    def submit(self, request: Any, path: str = "") -> asyncio.Future[Any]:
+        """Like :meth:`call` but returns the future at once (requests pipelined)."""
+        return self._send(self._current(), request, path)
+
+    async def ping(self) -> float:
+        """One round trip; returns the send time that the server acknowledged."""
+        conn = self._current()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[float] = loop.create_future()
+        self._write_ping(conn, future)
+        return await future
+
+    def _write_ping(self, conn: _Conn, future: asyncio.Future[float] | None) -> None:
+        now = asyncio.get_running_loop().time()
+        conn.pings.append((now, future))
+        conn.last_send = now
+        payload = protocol.PingRequest().serialize(_PING_XID)
+        try:
+            conn.writer.write(_SIZE.pack(len(payload)) + payload)
+        except (OSError, RuntimeError) as exc:
+            self._drop(conn, f"write failed: {exc!r}")
+
+    def unwatch(self, kind: str, path: str, callback: WatchCallback) -> None:
+        """Forget a watch callback that is no longer wanted (the server's watch stays, harmless)."""
+        callbacks = self._watches.get((kind, path))
+        if callbacks and callback in callbacks:
+            callbacks.remove(callback)
+            if not callbacks:
+                del self._watches[(kind, path)]
+
+    # -- the connection loop -----------------------------------------------------
+
+    def _servers(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.hosts)
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self._closed and not self._closing:
+            conn = await self._connect_round()
+            if conn is None:
+                failures += 1
+                pause = min(_MAX_ROUND_PAUSE, 0.02 * 2 ** min(failures, 8))
+                await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+                continue
+            failures = 0
+            self._conn = conn
+            self._connected.set()
+            try:
+                self.on_connected()
+            except Exception:
+                logger.exception("ZooKeeper on_connected callback failed")
+            monitor = asyncio.get_running_loop().create_task(self._monitor(conn), name="asynclock-zookeeper-ping")
+            try:
+                await self._read_loop(conn)
+            finally:
+                monitor.cancel()
+                self._drop(conn, "connection closed")
+                with contextlib.suppress(asyncio.CancelledError):
+                    await monitor
+
+    async def _connect_round(self) -> _Conn | None:
+        """Try each server once, starting with the next in turn; None if none answered."""
+        budget = max(0.2, min(self.timeout / len(self.hosts), 2.0))
+        for _ in range(len(self.hosts)):
+            host, port = self.hosts[self._next_host]
+            self._next_host = (self._next_host + 1) % len(self.hosts)
+            try:
+                conn = await self._open(host, port, budget)
+            except (OSError, TimeoutError, EOFError, asyncio.IncompleteReadError, struct.error) as exc:
+                logger.debug("ZooKeeper %s:%d: %r", host, port, exc)
+                continue
+            if conn is not None:
+                return conn
+        return None
+
+    async def _open(self, host: str, port: int, budget: float) -> _Conn | None:
+        loop = asyncio.get_running_loop()
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(budget):
+                reader, writer = await asyncio.open_connection(host, port)
+                request = protocol.ConnectRequest(
+                    protocol_version=0,
+                    last_seen_zxid=self.last_zxid,
+                    timeout=max(1, round(self.requested_timeout * 1000)),
+                    session_id=self.session_id,
+                    password=self._password,
+                    read_only=False,
+                )
+                payload = request.serialize()
+                sent = loop.time()
+                writer.write(_SIZE.pack(len(payload)) + payload)
+                (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
+                # a closed connection here is a refusal (the server is not
+                # serving, or is behind our last zxid), never an expiry
+                answer = protocol.ConnectResponse.deserialize(await reader.readexactly(size))
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            raise
+        if answer.session_id == 0 or answer.timeout <= 0:
+            writer.close()
+            if self.session_id:
+                self._expire("the server reports the session expired")
+                return await self._open(host, port, budget)  # a new session on the same server
+            return None
+        if self.session_id and answer.session_id != self.session_id:  # pragma: no cover - not seen in practice
+            self._expire("the server gave a different session")
+        if not self.session_id:
+            self.session_id = int(answer.session_id)
+            self._password = bytes(answer.password)
+            self.confirmed_at = sent
+        else:
+            self.reconnects += 1
+            self.confirmed_at = max(self.confirmed_at, sent)
+        self.timeout = answer.timeout / 1000
+        self._conn_seq += 1
+        now = loop.time()
+        logger.debug("ZooKeeper session %#x on %s:%d, timeout %.3fs", self.session_id, host, port, self.timeout)
+        return _Conn(self._conn_seq, reader, writer, f"{host}:{port}", last_recv=now, last_send=now)
+
+    def _expire(self, reason: str) -> None:
+        old = self.session_id
+        self.session_id = 0
+        self._password = b"\x00" * 16
+        self.confirmed_at = 0.0
+        logger.warning("ZooKeeper session %#x expired: %s", old, reason)
+        if old:
+            try:
+                self.on_expired(old)
+            except Exception:
+                logger.exception("ZooKeeper on_expired callback failed")
+
+    async def _read_loop(self, conn: _Conn) -> None:
+        loop = asyncio.get_running_loop()
+        reader = conn.reader
+        while not conn.dead:
+            try:
+                (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
+                frame = await reader.readexactly(size)
+            except (asyncio.IncompleteReadError, OSError) as exc:
+                self._drop(conn, f"connection to {conn.host} lost: {exc!r}")
+                return
+            conn.last_recv = loop.time()
+            xid, zxid, code = _REPLY.unpack_from(frame)
+            body = frame[_REPLY.size :]
+            if zxid > 0:
+                self.last_zxid = max(self.last_zxid, zxid)
+            if xid == _WATCH_XID:
+                self._on_event(protocol.WatchEvent.deserialize(body))
+            elif xid == _PING_XID:
+                if conn.pings:
+                    sent, future = conn.pings.popleft()
+                    self.confirmed_at = max(self.confirmed_at, sent)
+                    if future is not None and not future.done():
+                        future.set_result(sent)
+            elif xid == _AUTH_XID:
+                continue
+            else:
+                pending = conn.pending.pop(xid, None)
+                if pending is None:
+                    continue
+                if code == SESSION_EXPIRED:
+                    self._expire("a request was answered SessionExpired")
+                    self._drop(conn, "session expired")
+                    return
+                if code != SESSION_MOVED:
+                    self.confirmed_at = max(self.confirmed_at, pending.sent_at)
+                self._answer(pending, code, body)
+
+    def _answer(self, pending: _Pending, code: int, body: bytes) -> None:
+        future = pending.future
+        if code:
+            if not future.done():
+                future.set_exception(ZkError(code, pending.path))
+                future.exception()  # retrieved: callers may have gone
+            return
+        if pending.watch is not None:
+            kind, callback = pending.watch
+            self._watches.setdefault((kind, pending.path), []).append(callback)
+        if future.done():
+            return
+        response_class = protocol.response_xref.get(pending.opcode)
+        try:
+            reply = response_class.deserialize(body) if response_class is not None and body else None
+        except (struct.error, ValueError, UnicodeDecodeError) as exc:
+            future.set_exception(ZkConnectionLoss(f"could not parse a ZooKeeper reply: {exc!r}"))
+            return
+        future.set_result(reply)
+
+    def _on_event(self, event: Any) -> None:
+        if event.type == -1:
+            if event.state == _STATE_EXPIRED:
+                self._expire("the server sent a session expired event")
+            return
+        kinds: tuple[str, ...]
+        if event.type == _EVENT_DELETED:
+            kinds = ("data", "child")
+        elif event.type == _EVENT_CHILDREN:
+            kinds = ("child",)
+        else:
+            kinds = ("data",)
+        for kind in kinds:
+            for callback in self._watches.pop((kind, event.path), []):
+                _run_callback(callback, "event")
+
+    async def _monitor(self, conn: _Conn) -> None:
+        """Ping while idle (if wanted) and give up a connection that stopped answering."""
+        loop = asyncio.get_running_loop()
+        while not conn.dead:
+            period = self.timeout / 3
+            await asyncio.sleep(max(0.01, period / 4))
+            now = loop.time()
+            if self.keepalive() and now - conn.last_send >= period:
+                self._write_ping(conn, None)
+            oldest = min(
+                [p.sent_at for p in conn.pending.values()] + [sent for sent, _ in conn.pings],
+                default=None,
+            )
+            if oldest is not None and now - max(oldest, conn.last_recv) > max(period, 0.05):
+                self._drop(conn, f"{conn.host} did not answer for {now - max(oldest, conn.last_recv):.3f}s")
+                return
+
+    def _drop(self, conn: _Conn, reason: str) -> None:
+        """Tear ``conn`` down: fail its pending requests, fire every watch with "disconnected"."""
+        if conn.dead:
+            return
+        conn.dead = True
+        logger.debug("ZooKeeper connection %s dropped: %s", conn.host, reason)
+        conn.writer.close()
+        with contextlib.suppress(Exception):
+            conn.writer.transport.abort()
+        if self._conn is conn:
+            self._conn = None
+            if not self._closed:
+                self._connected.clear()
+        error = ZkConnectionLoss(f"ZooKeeper connection lost: {reason}")
+        for pending in conn.pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(error)
+                pending.future.exception()
+        conn.pending.clear()
+        for _, future in conn.pings:
+            if future is not None and not future.done():
+                future.set_exception(error)
+                future.exception()
+        conn.pings.clear()
+        watches, self._watches = self._watches, {}
+        for callbacks in watches.values():
+            for callback in callbacks:
+                _run_callback(callback, "disconnected")
+
+
+def _run_callback(callback: WatchCallback, what: str) -> None:
+    try:
+        callback(what)
+    except Exception:
+        logger.exception("ZooKeeper watch callback failed")

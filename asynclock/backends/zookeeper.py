@@ -1,0 +1,659 @@
+"""ZooKeeper (``zk://host:port,host:port/optional/chroot``): a Curator-compatible lock recipe.
+
+Layout: the lock ``name`` is the znode ``<chroot>/<prefix>/<name>`` (both
+escaped by :func:`escape_name`, so every distinct name is a distinct valid
+znode). Each acquisition creates one ephemeral sequential child
+``_c_<guid>-lock-<seq>`` under it, named like Curator's protected mode.
+
+Recipe: every child whose name ends in a 10-digit sequence number is a
+contender, whoever wrote it (Curator ``_c_…-lock-N``, kazoo ``…__lock__N``),
+ordered by that number. The lowest holds; every other contender watches only
+its immediate predecessor (no herd) and re-reads the children when that one
+goes, or after any reconnect (watches belong to a connection). A create whose
+answer was lost with the connection is resolved by looking for the GUID among
+the children (and checking the node's ephemeralOwner is our session), never by
+creating blindly again. A waiter that gives up (timeout, cancellation, error)
+deletes its node, in the background if the server cannot be reached now.
+
+Lease: the session. The trusted deadline is the send time of the last request
+of the session the server answered, plus the negotiated session timeout, minus
+a margin (:meth:`ZooKeeperBackend.lease_time`): the server cannot expire the
+session before then. While this client holds a lock, the lease watchdog's
+renewals (one pipelined ``exists`` per held node, one round trip) are the
+session's only heartbeat, so a client whose watchdog stalls lets its session,
+and its locks, go, as a Redis key would expire. The holder's own node is
+watched: deleting it (an administrator, or the session expiring) loses the
+lease at once.
+
+Fencing token: the czxid of the holder's node. zxids increase with every
+transaction of the ensemble, across leader changes (the epoch is the high
+32 bits), and a holder's node was created after every node that held that
+lock before it (the lowest sequence number holds, and the sequence follows
+creation order), so each new holder of a name gets a larger czxid, even when
+the lock's parent znode was deleted and created again in between.
+
+Reentrancy is counted in the client: a re-entry writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+try:
+    from aiozk import protocol
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
+
+from .._errors import LockError
+from .._values import LockInfo
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from ._zk_session import CONTAINER, EPHEMERAL, NO_NODE, NODE_EXISTS, SEQUENTIAL, ZkConnectionLoss, ZkError, ZkSession
+
+__all__ = ["ZooKeeperBackend", "escape_name"]
+
+logger = logging.getLogger("asynclock")
+
+#: Default ZooKeeper client port.
+DEFAULT_PORT = 2181
+#: What makes a child a contender: a 10-digit sequence number at the end.
+_SEQUENCE = re.compile(r"(\d{10})$")
+#: Our contender names: ``_c_<guid>-lock-`` plus the server's sequence number.
+_PROTECTED = "_c_"
+_LOCK_BASE = "-lock-"
+
+
+class _CreateContainerRequest(protocol.Create2Request):  # type: ignore[misc]
+    """ZooKeeper's createContainer (opcode 19): a parent that the server removes once empty."""
+
+    opcode = 19
+
+
+class _CreateContainerResponse(protocol.Create2Response):  # type: ignore[misc]
+    opcode = 19
+
+
+def _unsafe(char: str) -> bool:
+    code = ord(char)
+    return (
+        char in "%/"
+        or code < 0x20
+        or 0x7F <= code <= 0x9F
+        # ZooKeeper rejects these UTF-16 units, which includes every surrogate
+        # (so every character outside the BMP) and the private use area
+        or 0xD800 <= code <= 0xF8FF
+        or code >= 0xFFF0
+    )
+
+
+def escape_name(name: str) -> str:
+    """A valid znode name for ``name``, distinct for distinct names.
+
+    Percent-encodes (the UTF-8 bytes of) ``%``, ``/``, control characters and
+    every character ZooKeeper rejects, and the names ``.`` and ``..``.
+    Percent-decoding gives the name back, so two names never share a node.
+    """
+    if name in (".", ".."):
+        return name.replace(".", "%2E")
+    return "".join("".join(f"%{byte:02X}" for byte in c.encode()) if _unsafe(c) else c for c in name)
+
+
+def _sequence(child: str) -> int | None:
+    match = _SEQUENCE.search(child)
+    return int(match.group(1)) if match else None
+
+
+def _contenders(children: Sequence[str]) -> list[str]:
+    """The children that take part in the lock, in the order they hold it."""
+    found = [(seq, child) for child in children if (seq := _sequence(child)) is not None]
+    found.sort()
+    return [child for _, child in found]
+
+
+@dataclass(eq=False)
+class _Node:
+    """One acquisition: its contender node and what we know about it."""
+
+    name: str
+    hold: str
+    dir: str
+    guid: str
+    path: str | None = None
+    czxid: int | None = None
+    session: int = 0
+    count: int = 1
+    held: bool = False
+    gone: bool = False
+    releasing: bool = False
+    delete_sent: bool = False
+    #: a create was sent whose answer never came: the node may exist
+    uncertain: bool = False
+    create_future: asyncio.Future[Any] | None = None
+    #: connection on which the deletion watch of a held node is set
+    armed: int = -1
+
+
+def parse_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, str]]:
+    """``zk://h1:p1,h2:p2/chroot?opt=v`` → hosts, chroot (``""`` or ``/a/b``), options."""
+    parts = urlsplit(url)
+    if parts.scheme != "zk":
+        raise ValueError(f"not a zk:// URL: {url!r}")
+    hosts = []
+    for item in parts.netloc.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep:
+            host, port = port, str(DEFAULT_PORT)
+        host = host.strip("[]")
+        if not host:
+            raise ValueError(f"empty host in {url!r}")
+        try:
+            hosts.append((host, int(port)))
+        except ValueError:
+            raise ValueError(f"bad port {port!r} in {url!r}") from None
+    chroot = unquote(parts.path).rstrip("/")
+    for segment in chroot.split("/")[1:]:
+        if not segment or segment in (".", "..") or any(_unsafe(c) and c != "%" for c in segment):
+            raise ValueError(f"bad chroot {chroot!r} in {url!r}")
+    return hosts, chroot, dict(parse_qsl(parts.query, keep_blank_values=True))
+
+
+class ZooKeeperBackend:
+    """Locks on a ZooKeeper ensemble; the lease is the session.
+
+    ``session_timeout`` (seconds; default the client's ``ttl``) is what we ask
+    for; the server clamps it to its bounds (by default 2 to 20 ticks) and the
+    negotiated value is used. ``connect_timeout`` bounds the first connection.
+    """
+
+    kind = "zookeeper"
+    queues_waiters = True
+
+    def __init__(
+        self,
+        hosts: list[tuple[str, int]],
+        *,
+        chroot: str = "",
+        prefix: str = "asynclock",
+        session_timeout: float = 30.0,
+        connect_timeout: float | None = None,
+    ) -> None:
+        self._chroot = chroot
+        self._base = f"{chroot}/{escape_name(prefix)}"
+        self._session = ZkSession(
+            hosts,
+            timeout=session_timeout,
+            on_connected=self._on_connected,
+            on_expired=self._on_expired,
+            keepalive=self._keepalive,
+        )
+        self._connect_timeout = connect_timeout if connect_timeout is not None else max(2.0, session_timeout)
+        self._nodes: dict[str, _Node] = {}
+        self._hooks: BackendHooks | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "asynclock", ttl: float = 30.0, **options: Any) -> ZooKeeperBackend:
+        hosts, chroot, query = parse_url(url)
+        merged: dict[str, Any] = {**query, **options}
+        session_timeout = _seconds(merged.pop("session_timeout", ttl), "session_timeout")
+        connect = merged.pop("connect_timeout", None)
+        connect_timeout = None if connect is None else _seconds(connect, "connect_timeout")
+        if merged:
+            raise ValueError(f"unknown ZooKeeper options: {sorted(merged)}")
+        return cls(
+            hosts, chroot=chroot, prefix=prefix, session_timeout=session_timeout, connect_timeout=connect_timeout
+        )
+
+    @property
+    def session(self) -> ZkSession:
+        """The ZooKeeper session (for tests and tools)."""
+        return self._session
+
+    # -- protocol ---------------------------------------------------------------
+
+    def lock_key(self, name: str) -> str:
+        return f"{self._base}/{escape_name(name)}"
+
+    def lease_time(self, ttl: float) -> float:
+        """The negotiated session timeout less a 10 % (+5 ms) margin, whatever the ttl."""
+        timeout = self._session.timeout
+        return timeout - (timeout * 0.1 + 0.005)
+
+    async def start(self, hooks: BackendHooks) -> None:
+        self._hooks = hooks
+        await self._session.start(self._connect_timeout)
+
+    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
+        raise NotImplementedError("ZooKeeper queues waiters: the front calls wait_acquire")
+
+    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        node = _Node(name, hold, self.lock_key(name), str(uuid.uuid4()))
+        self._nodes[hold] = node
+        try:
+            result = await self._queue(node, deadline, once=timeout == 0)
+        except BaseException:
+            await self._abandon(node)
+            raise
+        if result is None:
+            await self._abandon(node)
+        return result
+
+    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+        node = self._nodes.get(hold)
+        if node is None or not self._alive(node):
+            return False
+        node.count = count
+        return True
+
+    async def release(self, name: str, hold: str) -> bool:
+        node = self._nodes.get(hold)
+        if node is None:
+            return False
+        if not self._alive(node):
+            self._forget(node)
+            return False
+        node.releasing = True
+        session = self._session
+        await session.wait_connected(self._op_timeout())
+        if node.path is None or node.uncertain:
+            # never settled (a cancelled acquire): remove whatever carries its GUID
+            self._forget(node)
+            await self._cleanup(node)
+            return False
+        try:
+            await session.call(protocol.DeleteRequest(path=node.path, version=-1), node.path)
+        except ZkError as exc:
+            if exc.code != NO_NODE:
+                raise
+            self._forget(node)
+            return node.delete_sent and node.held  # an earlier, unanswered delete did it
+        except ZkConnectionLoss:
+            node.delete_sent = True
+            raise
+        self._forget(node)
+        return node.held
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        """One pipelined ``exists`` per held node, sent now: True if it is still ours."""
+        session = self._session
+        await session.wait_connected(None)  # the watchdog bounds this call
+        sid = session.session_id
+        futures: list[asyncio.Future[Any] | None] = []
+        for item in items:
+            node = self._nodes.get(item.hold)
+            if node is None or not self._alive(node) or node.path is None:
+                futures.append(None)
+            else:
+                futures.append(session.submit(protocol.ExistsRequest(path=node.path, watch=False), node.path))
+        if all(future is None for future in futures):
+            await session.ping()  # still one round trip, so nothing is answered from stale state
+        results: list[bool | BaseException] = []
+        for future in futures:
+            if future is None:
+                results.append(False)
+                continue
+            try:
+                reply = await future
+            except ZkError as exc:
+                results.append(False if exc.code == NO_NODE else exc)
+            except ZkConnectionLoss as exc:
+                results.append(exc)
+            else:
+                results.append(int(reply.stat.ephemeral_owner) == sid and session.session_id == sid)
+        return results
+
+    async def subscribe(self, name: str) -> None:
+        """Nothing to do: waiters watch their predecessor node."""
+
+    async def unsubscribe(self, name: str) -> None:
+        """Nothing to do: waiters watch their predecessor node."""
+
+    async def info(self, name: str) -> LockInfo:
+        session = self._session
+        path = self.lock_key(name)
+        await session.wait_connected(self._op_timeout())
+        try:
+            reply = await session.call(protocol.GetChildrenRequest(path=path, watch=False), path)
+            contenders = _contenders(reply.children)
+        except ZkError as exc:
+            if exc.code != NO_NODE:
+                raise
+            contenders = []
+        while contenders:
+            holder = f"{path}/{contenders[0]}"
+            try:
+                stat = await session.call(protocol.ExistsRequest(path=holder, watch=False), holder)
+            except ZkError as exc:
+                if exc.code != NO_NODE:
+                    raise
+                contenders.pop(0)  # released meanwhile: the next one holds
+                continue
+            ours = next((n for n in self._nodes.values() if n.path == holder and n.held), None)
+            return LockInfo(
+                name=name,
+                key=path,
+                owner=ours.hold if ours is not None else contenders[0],
+                hold_count=ours.count if ours is not None else 1,
+                ttl=session.timeout if ours is not None else None,
+                waiters=len(contenders) - 1,
+                token=int(stat.stat.created_zxid),
+            )
+        return LockInfo(name=name, key=path, owner=None, hold_count=0, ttl=None, waiters=0, token=None)
+
+    async def names(self) -> list[str]:
+        """Lock names under this client's prefix that have contenders now."""
+        session = self._session
+        await session.wait_connected(self._op_timeout())
+        try:
+            reply = await session.call(protocol.GetChildrenRequest(path=self._base, watch=False), self._base)
+        except ZkError as exc:
+            if exc.code == NO_NODE:
+                return []
+            raise
+        return sorted(unquote(child, errors="strict") for child in reply.children)
+
+    async def aclose(self) -> None:
+        """Close the session (the server deletes our nodes at once), bounded in time."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._session.close(min(1.0, self._session.timeout / 2))
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1.0)
+
+    # -- the recipe ----------------------------------------------------------------
+
+    def _op_timeout(self) -> float:
+        """How long a single operation waits for a connection before failing."""
+        return max(0.05, self._session.timeout / 3)
+
+    def _alive(self, node: _Node) -> bool:
+        return not node.gone and (node.session == 0 or node.session == self._session.session_id)
+
+    def _keepalive(self) -> bool:
+        # While we hold a lock the watchdog's renewals are the heartbeat.
+        return not any(node.held and not node.releasing and not node.gone for node in self._nodes.values())
+
+    def _forget(self, node: _Node) -> None:
+        if self._nodes.get(node.hold) is node:
+            del self._nodes[node.hold]
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _wait_connected(self, deadline: float | None) -> None:
+        """Wait for a connection: until ``deadline``, and never longer than one session timeout."""
+        loop = asyncio.get_running_loop()
+        limit = self._session.timeout
+        if deadline is not None:
+            limit = min(limit, max(0.0, deadline - loop.time()))
+        await self._session.wait_connected(limit)
+
+    async def _queue(self, node: _Node, deadline: float | None, *, once: bool) -> Acquired | None:
+        """Create our node and wait until it is the lowest contender."""
+        session = self._session
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closed:
+                raise ZkConnectionLoss("the ZooKeeper client is closed")
+            if node.path is None or not self._alive(node):
+                node.path, node.gone = None, False
+                await self._create(node, deadline)
+                assert node.path is not None
+            await self._wait_connected(deadline)
+            try:
+                reply = await session.call(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
+            except ZkConnectionLoss:
+                continue  # re-read after the reconnect
+            except ZkError as exc:
+                if exc.code != NO_NODE:
+                    raise
+                node.path = None
+                continue
+            contenders = _contenders(reply.children)
+            mine = node.path.rsplit("/", 1)[1]
+            if mine not in contenders:
+                node.path = None  # deleted under us (expired session, administrator): queue again
+                continue
+            for twin in contenders:
+                if node.guid in twin and twin != mine:  # a duplicate create: never ours to keep
+                    self._spawn(self._delete_quietly(f"{node.dir}/{twin}"))
+            index = contenders.index(mine)
+            if index == 0:
+                node.held = True
+                self._arm(node)
+                return Acquired(node.czxid, confirmed_at=session.confirmed_at)
+            if once:
+                return None
+            predecessor = f"{node.dir}/{contenders[index - 1]}"
+            woken = asyncio.Event()
+
+            def wake(what: str, woken: asyncio.Event = woken) -> None:
+                woken.set()
+
+            try:
+                await session.call(
+                    protocol.GetDataRequest(path=predecessor, watch=True), predecessor, watch=("data", wake)
+                )
+            except ZkConnectionLoss:
+                continue
+            except ZkError as exc:
+                if exc.code != NO_NODE:
+                    raise
+                continue  # gone already: read the children again
+            try:
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return None
+                async with asyncio.timeout(remaining):
+                    await woken.wait()
+            except TimeoutError:
+                return None
+            finally:
+                session.unwatch("data", predecessor, wake)
+
+    async def _create(self, node: _Node, deadline: float | None) -> None:
+        """Create our contender node, once, even across connection losses."""
+        session = self._session
+        base = f"{node.dir}/{_PROTECTED}{node.guid}{_LOCK_BASE}"
+        missing_parents = 0
+        while True:
+            await self._wait_connected(deadline)
+            if node.uncertain and await self._adopt(node):
+                return
+            node.session = session.session_id
+            node.uncertain = True
+            request = protocol.Create2Request(
+                path=base, data=b"", acl=[protocol.UNRESTRICTED_ACCESS], flags=EPHEMERAL | SEQUENTIAL
+            )
+            future = node.create_future = session.submit(request, base)
+            try:
+                # shielded: a cancelled acquire still learns which node it made
+                reply = await asyncio.shield(future)
+            except ZkConnectionLoss:
+                continue  # did it happen? _adopt finds out after the reconnect
+            except ZkError as exc:
+                node.uncertain = False
+                if exc.code == NO_NODE and missing_parents < 3:
+                    missing_parents += 1
+                    await self._ensure_parents(node.dir)
+                    continue
+                raise
+            node.uncertain = False
+            node.path = str(reply.path)
+            node.czxid = int(reply.stat.created_zxid)
+            return
+
+    async def _adopt(self, node: _Node) -> bool:
+        """After a lost create answer: find our node by its GUID; keep it if this session owns it."""
+        session = self._session
+        try:
+            reply = await session.call(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
+        except ZkError as exc:
+            if exc.code != NO_NODE:
+                raise
+            node.uncertain = False
+            return False
+        ours = [child for child in _contenders(reply.children) if node.guid in child]
+        adopted = False
+        for child in ours:
+            path = f"{node.dir}/{child}"
+            try:
+                stat = await session.call(protocol.ExistsRequest(path=path, watch=False), path)
+            except ZkError as exc:
+                if exc.code == NO_NODE:
+                    continue
+                raise
+            if not adopted and int(stat.stat.ephemeral_owner) == session.session_id:
+                node.path, node.czxid, node.session = path, int(stat.stat.created_zxid), session.session_id
+                adopted = True
+            else:
+                await self._delete_quietly(path)
+        node.uncertain = False
+        return adopted
+
+    async def _ensure_parents(self, path: str) -> None:
+        """Create the chroot (persistent) and our prefix and lock znodes (containers)."""
+        session = self._session
+        parts = path.strip("/").split("/")
+        chroot_depth = len(self._chroot.strip("/").split("/")) if self._chroot else 0
+        for depth in range(1, len(parts) + 1):
+            current = "/" + "/".join(parts[:depth])
+            container = depth > chroot_depth
+            request_class = _CreateContainerRequest if container else protocol.Create2Request
+            request = request_class(
+                path=current, data=b"", acl=[protocol.UNRESTRICTED_ACCESS], flags=CONTAINER if container else 0
+            )
+            try:
+                await session.call(request, current)
+            except ZkError as exc:
+                if exc.code != NODE_EXISTS:
+                    raise
+
+    async def _delete_quietly(self, path: str) -> None:
+        with contextlib.suppress(LockError):
+            await self._session.call(protocol.DeleteRequest(path=path, version=-1), path)
+
+    async def _abandon(self, node: _Node) -> None:
+        """Leave the queue: delete our node, waiting a bounded time (then it goes on in the background)."""
+        self._forget(node)
+        node.held = False
+        task = self._spawn(self._cleanup(node))
+        with contextlib.suppress(TimeoutError, LockError):
+            async with asyncio.timeout(self._session.timeout):
+                await asyncio.shield(task)
+
+    async def _cleanup(self, node: _Node) -> None:
+        """Delete ``node`` (by path, or by GUID if its create is unsettled); retried until done or moot."""
+        session = self._session
+        delay = 0.02
+        while not self._closed:
+            if node.session and node.session != session.session_id:
+                return  # its session is gone, and every ephemeral node of it
+            future = node.create_future
+            if future is not None and not future.done():
+                with contextlib.suppress(LockError):
+                    await asyncio.shield(future)
+            if future is not None and future.done() and not future.cancelled() and future.exception() is None:
+                node.path, node.uncertain = str(future.result().path), False
+            try:
+                await session.wait_connected(None)
+                if node.session and node.session != session.session_id:
+                    return
+                if node.path is not None and not node.uncertain:
+                    await self._delete_quietly(node.path)
+                    if not session.connected:
+                        raise ZkConnectionLoss("disconnected during delete")
+                    return
+                if not node.uncertain and node.path is None:
+                    return  # nothing was created
+                reply = await session.call(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
+                for child in reply.children:
+                    if node.guid in child:
+                        await self._delete_quietly(f"{node.dir}/{child}")
+                if session.connected:
+                    return
+            except ZkConnectionLoss:
+                pass
+            except ZkError as exc:
+                if exc.code == NO_NODE:
+                    return
+                logger.warning("could not delete the ZooKeeper node of %r: %s", node.name, exc)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def _arm(self, node: _Node) -> None:
+        """Watch a held node: its deletion loses the lease at once."""
+        if node.path is None or node.armed == self._session.connection_seq:
+            return
+        node.armed = self._session.connection_seq
+        self._spawn(self._watch_held(node))
+
+    async def _watch_held(self, node: _Node) -> None:
+        session = self._session
+        if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.path is None:
+            return
+
+        def fired(what: str) -> None:
+            node.armed = -1
+            if what == "event" and not self._closed:
+                self._arm(node)  # read it again: deleted, or just changed?
+
+        try:
+            await session.call(protocol.GetDataRequest(path=node.path, watch=True), node.path, watch=("data", fired))
+        except ZkConnectionLoss:
+            node.armed = -1  # armed again after the reconnect
+        except ZkError as exc:
+            if exc.code == NO_NODE:
+                self._node_gone(node, "the lock node was deleted (removed on the server, or the session ended)")
+
+    def _node_gone(self, node: _Node, reason: str) -> None:
+        if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.gone:
+            return
+        node.gone = True
+        if self._hooks is not None:
+            self._hooks.lose([node.hold], reason)
+
+    def _on_connected(self) -> None:
+        if self._closed:
+            return
+        sid = self._session.session_id
+        for node in list(self._nodes.values()):
+            if node.held and not node.gone and node.session == sid:
+                self._arm(node)
+
+    def _on_expired(self, old_session: int) -> None:
+        lost = []
+        for node in self._nodes.values():
+            if node.session == old_session and not node.gone:
+                node.gone = True
+                if node.held and not node.releasing:
+                    lost.append(node.hold)
+        if lost and self._hooks is not None:
+            self._hooks.lose(lost, "the ZooKeeper session expired")
+
+
+def _seconds(value: object, what: str) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number of seconds, got {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
+    return number

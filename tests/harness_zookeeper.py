@@ -1,0 +1,112 @@
+"""The ZooKeeper harness: one standalone server per test session, a prefix per test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiozk import protocol
+
+from asynclock.backends._zk_session import NO_NODE, ZkError, ZkSession
+from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders
+from tests.harness import Harness
+from tests.servers.zookeeper import ZooKeeperServer
+
+
+class AdminClient:
+    """A separate ZooKeeper session for the tests: look at and delete nodes server-side."""
+
+    def __init__(self, hosts: str) -> None:
+        pairs = []
+        for item in hosts.split(","):
+            host, _, port = item.rpartition(":")
+            pairs.append((host, int(port)))
+        self.session = ZkSession(pairs, timeout=10.0)
+
+    async def start(self) -> AdminClient:
+        await self.session.start(10.0)
+        return self
+
+    async def children(self, path: str) -> list[str]:
+        try:
+            await self.session.wait_connected(10.0)
+            reply = await self.session.call(protocol.GetChildrenRequest(path=path, watch=False), path)
+        except ZkError as exc:
+            if exc.code == NO_NODE:
+                return []
+            raise
+        return list(reply.children)
+
+    async def stat(self, path: str) -> Any | None:
+        try:
+            reply = await self.session.call(protocol.ExistsRequest(path=path, watch=False), path)
+        except ZkError as exc:
+            if exc.code == NO_NODE:
+                return None
+            raise
+        return reply.stat
+
+    async def delete(self, path: str) -> bool:
+        try:
+            await self.session.call(protocol.DeleteRequest(path=path, version=-1), path)
+        except ZkError as exc:
+            if exc.code == NO_NODE:
+                return False
+            raise
+        return True
+
+    async def delete_tree(self, path: str) -> None:
+        for child in await self.children(path):
+            await self.delete_tree(f"{path}/{child}")
+        await self.delete(path)
+
+    async def contenders(self, path: str) -> list[str]:
+        """Full paths of the lock contenders under ``path``, holder first."""
+        return [f"{path}/{child}" for child in _contenders(await self.children(path))]
+
+    async def close(self) -> None:
+        await self.session.close(1.0)
+
+
+class ZooKeeperHarness(Harness):
+    kind = "zookeeper"
+    can_pause = True
+    server_counts = False  # the hold count lives in the client
+
+    def __init__(self, server: ZooKeeperServer, hosts: str | None = None) -> None:
+        super().__init__()
+        self.server = server
+        self.hosts = hosts or server.hostport
+        self._admin: AdminClient | None = None
+        # for key computation only (no I/O)
+        self._keys = ZooKeeperBackend([("127.0.0.1", server.port)], prefix=self.prefix)
+
+    @property
+    def url(self) -> str:
+        return f"zk://{self.hosts}"
+
+    @property
+    def base(self) -> str:
+        return self._keys.lock_key("x").rsplit("/", 1)[0]
+
+    async def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = await AdminClient(self.hosts).start()
+        return self._admin
+
+    async def expire(self, name: str) -> bool:
+        """Delete the holder's lock node server-side: how a ZooKeeper lock is lost."""
+        admin = await self.admin()
+        holders = await admin.contenders(self._keys.lock_key(name))
+        return bool(holders) and await admin.delete(holders[0])
+
+    async def leftovers(self) -> list[str]:
+        admin = await self.admin()
+        found = []
+        for child in await admin.children(self.base):
+            found += await admin.contenders(f"{self.base}/{child}")
+        return found
+
+    async def close(self) -> None:
+        if self._admin is not None:
+            await self._admin.delete_tree(self.base)
+            await self._admin.close()
