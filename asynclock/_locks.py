@@ -43,6 +43,9 @@ _task_counter = itertools.count(1)
 #: First and largest pause between retries of a request that failed to reach the server.
 _RETRY_FIRST = 0.02
 _RETRY_MAX = 1.0
+#: Longest time a single request may take before it counts as failed, when
+#: the caller's own timeout is shorter (capped at a third of the lease time).
+_REQUEST_WINDOW = 1.0
 
 
 def current_owner() -> str:
@@ -223,23 +226,40 @@ class Locks:
             logger.exception("on_event callback failed for %s", event)
 
     async def _release_on_server(self, lease: Lease, *, raise_errors: bool) -> bool:
-        """Release ``lease`` by its identity, bounded by its server-side expiry."""
+        """Release ``lease`` by its identity, retrying failed requests.
+
+        With ``raise_errors`` (an explicit ``release()``) it retries until the
+        lease's trusted deadline (at least one request window) and then raises
+        BackendUnavailable; otherwise (background clean-up) until the server
+        must have expired the hold by itself, and then gives up quietly.
+        """
         loop = asyncio.get_running_loop()
         # Past this time the server has expired the hold by itself.
-        give_up = lease._acquired_at + lease._lease_time + 2 * lease._ttl
+        expired = lease._acquired_at + lease._lease_time + 2 * lease._ttl
+        now = loop.time()
+        if raise_errors:
+            give_up = max(lease._expires_at, now + min(lease._lease_time / 3, _REQUEST_WINDOW))
+        else:
+            give_up = max(expired, now + 0.05)
         delay = _RETRY_FIRST
+        ambiguous = False
         while True:
             try:
-                async with asyncio.timeout_at(max(give_up, loop.time() + 0.05)):
-                    return await self._backend.release(lease.name, lease._hold)
+                async with asyncio.timeout_at(give_up):
+                    released = await self._backend.release(lease.name, lease._hold)
             except (LockError, OSError, TimeoutError) as exc:
-                if raise_errors:
-                    raise _unavailable(exc) from exc
+                ambiguous = True
                 if loop.time() + delay >= give_up:
+                    if raise_errors:
+                        raise _unavailable(exc) from exc
                     logger.info("could not release %r (%r); it expires by itself", lease.name, exc)
                     return False
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
+                continue
+            # After a failed attempt whose fate is unknown, "not the holder" may
+            # mean that attempt went through: the lock is free either way.
+            return released or (ambiguous and loop.time() < lease._expires_at)
 
 
 def _unavailable(exc: BaseException) -> BackendUnavailable:
@@ -292,9 +312,15 @@ class Lock:
     async def info(self) -> LockInfo:
         """What the server knows: holder, hold count, remaining ttl, waiters, token."""
         await self._locks._ensure_started()
+        backend = self._locks._backend
+        window = min(backend.lease_time(self.ttl) / 3, _REQUEST_WINDOW)
         try:
-            return await self._locks._backend.info(self.name)
-        except (OSError, TimeoutError) as exc:
+            async with asyncio.timeout(window):
+                try:
+                    return await backend.info(self.name)
+                except (LockError, OSError):
+                    return await backend.info(self.name)  # read-only: one retry on a fresh connection
+        except (LockError, OSError, TimeoutError) as exc:
             raise _unavailable(exc) from exc
 
     async def acquire(self, *, timeout: float | None = None) -> Lease:
@@ -319,11 +345,16 @@ class Lock:
         hold = locks._new_hold(owner)
         if locks._backend.queues_waiters:
             return await self._acquire_queued(hold, owner, timeout, keeper, started)
+        # A request that fails to reach the server is retried for a while even
+        # with timeout=0, which means "do not wait for the holder", not "do not
+        # wait for the server".
+        window = min(locks._backend.lease_time(self.ttl) / 3, _REQUEST_WINDOW)
+        server_deadline = None if deadline is None else max(deadline, started + window)
         # Fast path: an uncontended acquire is one round trip, no subscription.
-        result = await self._attempt(hold, owner, deadline, keeper)
+        result = await self._attempt(hold, owner, server_deadline, keeper)
         if isinstance(result, Lease):
             return self._got(result, started)
-        if deadline is not None and loop.time() >= deadline:
+        if isinstance(result, Busy) and deadline is not None and loop.time() >= deadline:
             self._give_up(hold, owner, result, timeout, started)
         # Subscribe first, then try, then wait for a release notification or
         # the holder's remaining lease, whichever comes first.
@@ -332,24 +363,26 @@ class Lock:
         async with hub.watch(self.name) as waiter:
             while True:
                 waiter.clear()
-                result = await self._attempt(hold, owner, deadline, keeper)
+                result = await self._attempt(hold, owner, server_deadline, keeper)
                 if isinstance(result, Lease):
                     return self._got(result, started)
                 now = loop.time()
-                if deadline is not None and now >= deadline:
-                    self._give_up(hold, owner, result, timeout, started)
-                wait = None if deadline is None else deadline - now
                 if isinstance(result, Busy):
+                    if deadline is not None and now >= deadline:
+                        self._give_up(hold, owner, result, timeout, started)
                     failing_since, delay = None, _RETRY_FIRST
+                    wait = None if deadline is None else deadline - now
                     if result.retry_after is not None:
                         wait = result.retry_after if wait is None else min(wait, result.retry_after)
                 else:
                     # The server did not answer: back off, but never wait
                     # forever for a server that stays away.
                     failing_since = now if failing_since is None else failing_since
-                    if deadline is None and now - failing_since >= self.ttl:
+                    if server_deadline is not None and now >= server_deadline:
                         self._give_up(hold, owner, result, timeout, started)
-                    wait = delay if wait is None else min(wait, delay)
+                    if server_deadline is None and now - failing_since >= self.ttl:
+                        self._give_up(hold, owner, result, timeout, started)
+                    wait = delay if server_deadline is None else min(delay, server_deadline - now)
                     delay = min(delay * 2, _RETRY_MAX)
                 await waiter.wait(wait)
 
@@ -440,14 +473,22 @@ class Lock:
     async def _record_count(self, lease: Lease) -> None:
         """Tell the server the new hold count (kept there for ``info`` and tools)."""
         locks = self._locks
-        try:
-            async with asyncio.timeout_at(lease.expires_at):
-                ok = await locks._backend.set_count(self.name, lease._hold, lease.hold_count, lease._ttl)
-        except (LockError, OSError, TimeoutError) as exc:
-            # The count is informational; the client's count is the truth and a
-            # release at zero removes the hold whatever the server's count says.
-            logger.debug("could not record hold count of %r: %r", self.name, exc)
-            return
+        loop = asyncio.get_running_loop()
+        give_up = max(lease.expires_at, loop.time() + min(lease._lease_time / 3, _REQUEST_WINDOW))
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                async with asyncio.timeout_at(give_up):
+                    ok = await locks._backend.set_count(self.name, lease._hold, lease.hold_count, lease._ttl)
+                break
+            except (LockError, OSError, TimeoutError) as exc:
+                if loop.time() + delay >= give_up:
+                    # The count is informational; the client's count is the truth
+                    # and a release at zero removes the hold whatever it says.
+                    logger.info("could not record hold count of %r: %r", self.name, exc)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
         if not ok:
             if locks._keeper is not None:
                 locks._keeper.remove(lease)
