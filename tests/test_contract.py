@@ -387,3 +387,19 @@ async def test_unicode_and_odd_names_are_distinct_locks(harness: Harness) -> Non
     assert len(keys) == len(names)
     for name in names:
         await locks.lock(name).release()
+
+
+async def test_body_is_cancelled_at_its_deadline_even_if_the_watchdog_stalls(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    loop = asyncio.get_running_loop()
+    ended_at: list[float] = []
+    with pytest.raises(LockLost):
+        async with locks.lock("stall") as lease:
+            assert locks._keeper is not None
+            await locks._keeper.aclose()  # no more renewals, and nobody tells the lease
+            try:
+                await asyncio.sleep(100)
+            finally:
+                ended_at.append(loop.time())
+    assert lease.lost
+    assert ended_at[0] <= lease.expires_at + 0.05

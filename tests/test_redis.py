@@ -334,3 +334,26 @@ def test_backend_keys_share_one_hash_tag() -> None:
     backend = RedisBackend(aioredis.Redis(), prefix="p")
     assert backend.lock_key("n") == "p:{n}"
     assert backend.channel("n") == "p:{n}:released"
+
+
+async def test_tls_url() -> None:
+    server = RedisServer(tls=True)
+    server.start()
+    try:
+        async with asynclock.connect(server.tls_url, ttl=TTL) as locks:
+            async with locks.lock("tls") as lease:
+                assert lease.token is not None
+                await asyncio.sleep(TTL / 2)  # a renewal over TLS
+                assert not lease.lost
+        # the pub/sub listener connects over TLS too: a release wakes the waiter
+        async with (
+            asynclock.connect(server.tls_url, ttl=20) as a,
+            asynclock.connect(server.tls_url, ttl=20) as b,
+        ):
+            await a.lock("w").acquire()
+            waiter = asyncio.create_task(b.lock("w").acquire())
+            await asyncio.sleep(0.1)
+            await a.lock("w").release()
+            await asyncio.wait_for(waiter, 5)
+    finally:
+        server.cleanup()
