@@ -153,6 +153,8 @@ class Locks:
             raise RuntimeError("this Locks client is closed")
         keeper, hub = self._keeper, self._hub
         if keeper is not None and hub is not None:
+            if self._loop is not asyncio.get_running_loop():
+                raise RuntimeError("a Locks client belongs to the event loop it was first used in")
             return keeper, hub
         loop = asyncio.get_running_loop()
         if self._start_lock is None:
@@ -350,12 +352,15 @@ class Lock:
         # wait for the server".
         window = min(locks._backend.lease_time(self.ttl) / 3, _REQUEST_WINDOW)
         server_deadline = None if deadline is None else max(deadline, started + window)
-        # Fast path: an uncontended acquire is one round trip, no subscription.
-        result = await self._attempt(hold, owner, server_deadline, keeper)
-        if isinstance(result, Lease):
-            return self._got(result, started)
-        if isinstance(result, Busy) and deadline is not None and loop.time() >= deadline:
-            self._give_up(hold, owner, result, timeout, started)
+        if not hub.subscribed(self.name):
+            # Fast path: an uncontended acquire is one round trip, no subscription.
+            # (When this client already listens for the name, registering first
+            # makes the very first try count as "after subscribing".)
+            result = await self._attempt(hold, owner, server_deadline, keeper)
+            if isinstance(result, Lease):
+                return self._got(result, started)
+            if isinstance(result, Busy) and deadline is not None and loop.time() >= deadline:
+                self._give_up(hold, owner, result, timeout, started)
         # Subscribe first, then try, then wait for a release notification or
         # the holder's remaining lease, whichever comes first.
         delay = _RETRY_FIRST

@@ -82,6 +82,16 @@ class WakeHub:
     def lose(self, holds: Sequence[str] | None, reason: str) -> None:  # pragma: no cover - replaced by Locks
         raise NotImplementedError
 
+    def subscribed(self, name: str) -> bool:
+        """Whether release notifications for ``name`` are in effect right now."""
+        entry = self._entries.get(name)
+        return (
+            entry is not None
+            and entry.subscribed is not None
+            and entry.subscribed.done()
+            and not entry.subscribed.cancelled()
+        )
+
     def waiting(self, name: str) -> int:
         entry = self._entries.get(name)
         return len(entry.waiters) if entry else 0

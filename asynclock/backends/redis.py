@@ -116,8 +116,9 @@ class RedisBackend:
         return ttl
 
     async def start(self, hooks: BackendHooks) -> None:
+        # No I/O here: like redis-py, the first request connects, and the
+        # front retries requests that fail to reach the server.
         self._listener = _Listener(self._client, hooks, self.channel)
-        await _call(self._client.ping())
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
         keys = [self.lock_key(name), self._fence_key(name)]
