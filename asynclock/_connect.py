@@ -16,8 +16,6 @@ _PLANNED = {
     "redis+sentinel": "Redis Sentinel",
     "redis+cluster": "Redis Cluster",
     "redlock": "Redlock",
-    "postgresql": "PostgreSQL",
-    "postgres": "PostgreSQL",
 }
 
 
@@ -35,6 +33,8 @@ def connect(
     ``memory://``                          in this process, no server
     ``redis://host:port/db``, ``rediss://``, ``unix:///path.sock``  one Redis
     a ``redis.asyncio.Redis`` instance     one Redis, not closed by asynclock
+    ``postgresql://user@host:port/db``     PostgreSQL (also ``postgres://``)
+    an ``asyncpg.Pool``                    PostgreSQL, not closed by asynclock
     =====================================  ===============================
 
     ``ttl`` (seconds, default 30) is the lease time the watchdog keeps renewing;
@@ -51,7 +51,7 @@ def connect(
     if isinstance(target, str):
         backend, url_opts = _from_url(target, prefix, options, ttl)
     else:
-        backend, url_opts = _from_client(target, prefix), {}
+        backend, url_opts = _from_client(target, prefix, options), {}
     chosen_ttl = ttl if ttl is not None else url_opts.get("ttl", 30.0)
     return Locks(backend, ttl=check_ttl(chosen_ttl), on_event=on_event)
 
@@ -86,6 +86,10 @@ def _from_url(
         from .backends.redis import RedisBackend
 
         return RedisBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
+    if scheme in ("postgresql", "postgres"):
+        from .backends.postgres import PostgresBackend
+
+        return PostgresBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
     if scheme == "zk":
         from .backends.zookeeper import ZooKeeperBackend
 
@@ -94,12 +98,19 @@ def _from_url(
         return ZooKeeperBackend.from_url(rest, prefix=chosen_prefix, ttl=session_ttl, **options), url_opts
     if scheme in _PLANNED:
         raise ValueError(f"the {_PLANNED[scheme]} backend ({scheme}://) is not available in this version")
-    known = "memory://, redis://, rediss://, unix://, zk://"
+    known = "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://"
     raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
 
 
-def _from_client(client: Any, prefix: str | None) -> Backend:
+def _from_client(client: Any, prefix: str | None, options: dict[str, Any] | None = None) -> Backend:
     chosen_prefix = _check_prefix(prefix if prefix is not None else "asynclock")
+    if type(client).__module__.startswith("asyncpg"):
+        import asyncpg
+
+        if isinstance(client, asyncpg.Pool):
+            from .backends.postgres import PostgresBackend
+
+            return PostgresBackend(client, prefix=chosen_prefix, **(options or {}))
     try:
         import redis.asyncio as aioredis
     except ImportError:  # pragma: no cover - depends on the environment
@@ -108,7 +119,9 @@ def _from_client(client: Any, prefix: str | None) -> Backend:
         from .backends.redis import RedisBackend
 
         return RedisBackend(client, prefix=chosen_prefix, owns_client=False)
-    raise TypeError(f"connect() takes a URL or a redis.asyncio.Redis client, not {type(client).__name__}")
+    raise TypeError(
+        f"connect() takes a URL, a redis.asyncio.Redis client or an asyncpg.Pool, not {type(client).__name__}"
+    )
 
 
 def _check_prefix(prefix: object) -> str:

@@ -15,9 +15,10 @@ import pytest
 
 from tests.harness import Harness, MemoryHarness, RedisHarness
 from tests.servers import RedisServer
+from tests.servers.postgres import PostgresServer
 from tests.servers.zookeeper import ZooKeeperServer
 
-BACKENDS = ["memory", "redis", "zookeeper"]
+BACKENDS = ["memory", "redis", "postgres", "zookeeper"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,6 +57,15 @@ def redis_fresh() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL for the session (initdb'ed into a temp dir); tests isolate by prefix."""
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
 def zookeeper_server() -> Iterator[ZooKeeperServer]:
     """One standalone ZooKeeper (100 ms tick) for the session; tests isolate by prefix."""
     server = ZooKeeperServer()
@@ -72,6 +82,10 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         h = MemoryHarness()
     elif kind == "redis":
         h = RedisHarness(request.getfixturevalue("redis_server"))
+    elif kind == "postgres":
+        from tests.harness_postgres import PostgresHarness
+
+        h = PostgresHarness(request.getfixturevalue("postgres_server"))
     elif kind == "zookeeper":
         from tests.harness_zookeeper import ZooKeeperHarness
 

@@ -1,0 +1,91 @@
+"""The PostgreSQL harness for the contract suite (and the PostgreSQL-only tests).
+
+Isolation is by prefix: every test gets its own key space and its own fence
+table (``<prefix>_fence``), dropped at the end. A hold is lost server-side the
+way PostgreSQL loses one: the holder's session is ended with
+``pg_terminate_backend``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+import asynclock
+from asynclock.backends.postgres import PostgresBackend, advisory_key
+from tests.harness import Harness
+from tests.servers.postgres import PostgresServer
+
+#: Granted advisory locks in the two-int space, with the holder's pid and application_name.
+HELD_SQL = """
+    SELECT l.classid::int8 AS classid, l.objid::int8 AS objid, l.pid, a.application_name AS app
+    FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+"""
+
+
+def unsigned(key: tuple[int, int]) -> tuple[int, int]:
+    """A two-int key as pg_locks shows it (classid, objid are unsigned oids)."""
+    return key[0] & 0xFFFFFFFF, key[1] & 0xFFFFFFFF
+
+
+def postgres_backend(locks: asynclock.Locks) -> PostgresBackend:
+    backend = locks.backend
+    assert isinstance(backend, PostgresBackend)
+    return backend
+
+
+class PostgresHarness(Harness):
+    kind = "postgres"
+    can_pause = True
+
+    def __init__(self, server: PostgresServer) -> None:
+        super().__init__()
+        self.server = server
+        self._admin: Any = None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def admin(self) -> Any:
+        """A plain connection of the test's own (not a lock client's)."""
+        if self._admin is None or self._admin.is_closed():
+            self._admin = await asyncpg.connect(self.server.dsn)
+        return self._admin
+
+    async def holder_pid(self, name: str) -> int | None:
+        """The backend pid of the session that holds ``name`` (None: free)."""
+        want = unsigned(advisory_key(self.prefix, name))
+        for row in await (await self.admin()).fetch(HELD_SQL):
+            if (row["classid"], row["objid"]) == want:
+                return int(row["pid"])
+        return None
+
+    async def expire(self, name: str) -> bool:
+        pid = await self.holder_pid(name)
+        if pid is None:
+            return False
+        return bool(await (await self.admin()).fetchval("SELECT pg_terminate_backend($1)", pid))
+
+    async def leftovers(self) -> list[str]:
+        """Advisory locks still granted to a session of one of this test's clients."""
+        ids = {locks.client_id for locks in self._clients}
+        left = []
+        for row in await (await self.admin()).fetch(HELD_SQL):
+            app = row["app"] or ""
+            if any(client_id in app for client_id in ids):
+                left.append(f"({row['classid']},{row['objid']}) held by pid {row['pid']} ({app})")
+        return left
+
+    async def close(self) -> None:
+        if self.server.running:
+            self.server.resume()
+        admin = await self.admin()
+        try:
+            table = f"{self.prefix}_fence".replace('"', '""')
+            await admin.execute(f'DROP TABLE IF EXISTS "{table}"')
+        finally:
+            await admin.close()
+            self._admin = None
