@@ -1,0 +1,51 @@
+"""The README's examples, type-checked by mypy --strict (not run): a change
+to a public signature that breaks them fails the checks."""
+
+from __future__ import annotations
+
+import logging
+
+import asynclock
+
+log = logging.getLogger(__name__)
+
+
+async def build_report(*, fencing_token: int | None) -> None: ...
+
+
+async def quickstart() -> None:
+    async with asynclock.connect("memory://", ttl=10) as locks:
+        async with locks.lock("orders:42") as lease:
+            token: int | None = lease.token
+            print("holding orders:42 with fencing token", token)
+
+
+async def using_it() -> None:
+    async with asynclock.connect("redis://localhost:6379/0", ttl=30) as locks:
+        lock = locks.lock("reports:daily")
+        try:
+            async with lock as lease:
+                await build_report(fencing_token=lease.token)
+        except asynclock.LockLost as lost:
+            log.warning("stopped: %s", lost.reason)
+
+
+async def manual() -> None:
+    async with asynclock.connect("memory://") as locks:
+        lock = locks.lock("n", ttl=5.0)
+        lease: asynclock.Lease = await lock.acquire(timeout=1.5)
+        held: bool = lock.held
+        info: asynclock.LockInfo = await lock.info()
+        owner: str | None = info.owner
+        reason: str = await lease.wait_lost() if lease.lost else ""
+        await lock.release()
+        print(held, owner, reason, lease.hold_count, lease.expires_at, lease.name)
+
+
+def on_event(event: asynclock.LockEvent) -> None:
+    wait: float | None = event.wait_s
+    print(event.kind, event.name, event.owner, event.token, wait, event.held_s, event.reason)
+
+
+def with_callback() -> asynclock.Locks:
+    return asynclock.connect("memory://", on_event=on_event)
