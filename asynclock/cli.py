@@ -1,5 +1,6 @@
 """The ``asynclock`` command.
 
+``asynclock inspect URL [NAME ...] [--json]`` prints who holds which lock.
 ``asynclock demo`` shows, as a live timeline, workers contending for one lock:
 handoffs, fencing tokens, watchdog renewals, a holder that dies and a lease
 taken away from its holder. Run ``asynclock demo --help`` for its options.
@@ -52,6 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=_workers, default=3, help="number of workers (default: 3)")
     demo.add_argument("--no-color", action="store_true", help="plain text even on a terminal")
 
+    inspect = commands.add_parser(
+        "inspect",
+        help="show who holds locks: holder, hold count, remaining ttl, waiters, token",
+        description=(
+            "Ask the lock server about locks, including those held by other processes. With no NAME,"
+            " list every lock held under the prefix (on backends that can list them)."
+        ),
+    )
+    inspect.add_argument("url", help="lock server URL, e.g. redis://127.0.0.1:6379/0")
+    inspect.add_argument("names", nargs="*", metavar="NAME", help="lock names (default: every held lock)")
+    inspect.add_argument("--prefix", help="key prefix the application uses (default: asynclock)")
+    inspect.add_argument("--json", action="store_true", help="JSON instead of a table")
+
     worker = commands.add_parser("demo-worker")
     worker.add_argument("--url", required=True)
     worker.add_argument("--prefix", required=True)
@@ -69,6 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         color = not args.no_color and sys.stdout.isatty() and "NO_COLOR" not in os.environ
         return run_demo(args.url, ttl=args.ttl, workers=args.workers, color=color)
+    if args.command == "inspect":
+        from ._errors import LockError
+        from ._inspect import snapshot
+
+        try:
+            print(snapshot(args.url, args.names, prefix=args.prefix, json_output=args.json))
+        except (LockError, ValueError, TypeError, OSError) as exc:
+            print(f"asynclock inspect: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if args.command == "demo-worker":
         from ._demo import run_worker_process
 

@@ -24,7 +24,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 
-.venv/bin/ruff check asynclock tests examples benchmarks
-.venv/bin/ruff format --check asynclock tests examples benchmarks
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"
