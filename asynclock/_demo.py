@@ -110,11 +110,11 @@ class Worker:
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
-        self.emit({"ev": "ready", "pid": os.getpid()})
         try:
             async with asynclock.connect(
                 self._url, ttl=self._ttl, prefix=self._prefix, on_event=self._on_event
             ) as locks:
+                self.emit({"ev": "ready", "pid": os.getpid()})
                 lock = locks.lock(LOCK_NAME)
                 while not self._stopping:
                     await self._job(lock)
@@ -172,7 +172,11 @@ def run_worker_process(wid: str, url: str, *, prefix: str, ttl: float, seed: int
         finally:
             listener.cancel()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (asynclock.LockError, OSError) as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)  # one line on the timeline, not a traceback
+        return 1
     return 0
 
 
@@ -199,7 +203,6 @@ _ASCII_SYMBOLS = {"acquired": "*", "released": "o", "renewed": "~", "lost": "x",
 class _Hold:
     worker: str
     token: int | None
-    since: float
 
 
 @dataclass
@@ -369,6 +372,8 @@ class Timeline:
                 self._taken = (victim, t)
         elif kind == "stopped":
             self.line(t, w, kind, "stopped", "left the lock alone and closed its client", "dim")
+        elif kind == "crashed":
+            self.line(t, w, "lost", "crashed", f"the worker ended unexpectedly ({ev['code']})", "bold", "red")
         elif kind == "output":
             self.line(t, w, kind, "said", str(ev["text"]), "dim")
         else:
@@ -408,7 +413,7 @@ class Timeline:
         else:
             detail = f"token {token}: first holder"
         self.line(t, w, "acquired", "acquired", detail + waited, "bold", "green")
-        self.holder = _Hold(w, token if isinstance(token, int) else None, t)
+        self.holder = _Hold(w, token if isinstance(token, int) else None)
         self._last_renewal[w] = t
         self._last_release = self._gone = self._taken = None
 
@@ -544,6 +549,7 @@ class ProcessWorker(_Handle):
         self._timeline = timeline
         self.proc: asyncio.subprocess.Process | None = None
         self._readers: list[asyncio.Task[None]] = []
+        self._watcher: asyncio.Task[None] | None = None
         self.killed = False
 
     async def start(self) -> None:
@@ -564,6 +570,14 @@ class ProcessWorker(_Handle):
             loop.create_task(self._read(self.proc.stdout, json_lines=True)),
             loop.create_task(self._read(self.proc.stderr, json_lines=False)),
         ]
+        self._watcher = loop.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        assert self.proc is not None
+        await asyncio.gather(*self._readers)
+        code = await self.proc.wait()
+        if not self.killed and code != 0:
+            self._timeline.push({"t": time.monotonic(), "w": self.wid, "ev": "crashed", "code": code})
 
     async def _read(self, stream: asyncio.StreamReader, *, json_lines: bool) -> None:
         while line := await stream.readline():
@@ -594,6 +608,8 @@ class ProcessWorker(_Handle):
         async with asyncio.timeout(timeout):
             code = await self.proc.wait()
             await asyncio.gather(*self._readers)
+            if self._watcher is not None:
+                await self._watcher
         if code != 0 and not self.killed:
             raise RuntimeError(f"worker {self.wid} exited with status {code}")
 
@@ -601,8 +617,9 @@ class ProcessWorker(_Handle):
         if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
-        for reader in self._readers:
-            reader.cancel()
+        for task in [*self._readers, self._watcher]:
+            if task is not None:
+                task.cancel()
 
 
 class ThreadWorker(_Handle):
@@ -616,6 +633,7 @@ class ThreadWorker(_Handle):
             with contextlib.suppress(RuntimeError):  # the coordinator's loop is gone (Ctrl-C)
                 coordinator.call_soon_threadsafe(timeline.push, event)
 
+        self._emit = emit
         self._worker = Worker(wid, url, prefix=prefix, ttl=ttl, seed=seed, emit=emit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
@@ -631,8 +649,9 @@ class ThreadWorker(_Handle):
 
         try:
             asyncio.run(main())
-        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+        except BaseException as exc:  # noqa: BLE001 - reported on the timeline and by wait()
             self._error = exc
+            self._emit({"t": time.monotonic(), "w": self.wid, "ev": "crashed", "code": repr(exc)})
         finally:
             self._started.set()
 
@@ -706,6 +725,12 @@ class Demo:
         if self._url is not None and self._url.startswith("memory:"):
             return self._url, "memory:// (one lock table in this process)"
         if self._url is not None:
+            try:
+                # One request: fail here, clearly, rather than in every worker.
+                async with asyncio.timeout(10), asynclock.connect(self._url) as locks:
+                    await locks.lock(LOCK_NAME).info()
+            except (ValueError, TypeError, ImportError, asynclock.LockError, OSError, TimeoutError) as exc:
+                raise _DemoFailed(f"cannot use {self._url}: {str(exc) or repr(exc)}") from exc
             return self._url, f"the server at {self._url}"
         binary = shutil.which("redis-server")
         if binary is not None and _has_redis_client():
@@ -745,7 +770,7 @@ class Demo:
             assert victim.proc is not None
             self.timeline.note(
                 f"SIGKILL {victim.wid} (pid {victim.proc.pid}) while it holds token {held['token']}:"
-                " no release will come, the lock stays taken until its lease runs out",
+                f" no release will come; the lock comes back {_comes_back(url)}",
                 action="kill",
                 victim=victim.wid,
             )
@@ -770,6 +795,10 @@ class Demo:
         await asyncio.sleep(1.0 * T)
 
         # 3. The lease is taken behind the holder's back.
+        if not _can_take_away(url):
+            self.timeline.note("taking a lease away behind its holder's back is shown on Redis and memory:// only")
+            await self._wind_down()
+            return
         held, position = await self._holder_at(0.1 * T)
         async with asynclock.connect(url, prefix=self._prefix) as locks:
             key = locks.lock(LOCK_NAME).key
@@ -783,8 +812,11 @@ class Demo:
         await self._expect(_lock_lost_by(held["w"]), 2 * T, "LockLost", position)
         await self._expect(_is_acquired, 3 * T, "the next acquisition", position)
         await asyncio.sleep(0.5 * T)
+        await self._wind_down()
 
-        # 4. Wind down: each worker finishes its job in hand and leaves.
+    async def _wind_down(self) -> None:
+        """Each worker finishes its job in hand and leaves; then the summary."""
+        T = self._ttl
         self.timeline.note("asking every worker to finish its job and stop")
         for handle in self._handles:
             handle.stop()
@@ -794,8 +826,8 @@ class Demo:
             raise _DemoFailed(str(exc) or "a worker did not stop in time") from exc
         await asyncio.sleep(_REORDER_S)
         self.timeline.flush()
-        if not in_process and self._server is None:
-            await self._clean_up_keys(url)
+        if self._url is not None and _is_redis(self._url):
+            await self._clean_up_keys(self._url)
         self.timeline.text(self.timeline.summary(), "bold")
 
     async def _holder_at(self, into: float) -> tuple[Event, int]:
@@ -813,9 +845,11 @@ class Demo:
     async def _expect(self, match: Callable[[Event], bool], timeout: float, what: str, after: int) -> tuple[Event, int]:
         """The first event from position ``after`` on that ``match`` accepts, and the position after it."""
         try:
-            event, index = await self.timeline.wait_for(match, timeout, after)
+            event, index = await self.timeline.wait_for(lambda ev: ev["ev"] == "crashed" or match(ev), timeout, after)
         except TimeoutError:
             raise _DemoFailed(f"waited {timeout:g}s for {what} in vain") from None
+        if event["ev"] == "crashed":
+            raise _DemoFailed(f"worker {event['w']} ended unexpectedly while the demo waited for {what}")
         return event, index + 1
 
     async def _take_away(self, url: str, key: str) -> None:
@@ -843,6 +877,23 @@ class Demo:
                 await client.delete(*keys)
         finally:
             await client.aclose()
+
+
+def _comes_back(url: str) -> str:
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "zk":
+        return "when the server expires its ZooKeeper session"
+    if scheme.startswith("postgres"):
+        return "when PostgreSQL sees its connection close"
+    return "when its lease runs out, a ttl after its last renewal"
+
+
+def _is_redis(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in ("redis", "rediss", "unix")
+
+
+def _can_take_away(url: str) -> bool:
+    return _is_redis(url) or url.startswith("memory:")
 
 
 def _is_acquired(event: Event) -> bool:
