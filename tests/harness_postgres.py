@@ -71,7 +71,11 @@ class PostgresHarness(Harness):
 
     async def leftovers(self) -> list[str]:
         """Advisory locks still granted to a session of one of this test's clients."""
-        ids = {locks.client_id for locks in self._clients}
+        return await self.granted_to(*self._clients)
+
+    async def granted_to(self, *clients: asynclock.Locks) -> list[str]:
+        """Advisory locks granted to a session of one of ``clients``."""
+        ids = {locks.client_id for locks in clients}
         left = []
         for row in await (await self.admin()).fetch(HELD_SQL):
             app = row["app"] or ""

@@ -585,6 +585,9 @@ class PostgresBackend:
             # Whether it goes back clean or is closed (ending the session), the
             # server no longer holds the lock for this hold.
             await self._give_back(conn, record.key, record.ttl)
+        except BaseException:
+            _terminate(conn)
+            raise
         finally:
             self._slots.release()
         return alive

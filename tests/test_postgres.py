@@ -1,0 +1,498 @@
+"""PostgreSQL-only behaviour: the server's lock queue, the connection as the lease,
+hash collisions, cancellation at many points, a given pool, faults.
+
+Every test runs against a real PostgreSQL (initdb'ed into a temp dir by the
+session fixture); a fresh prefix per test isolates keys and the fence table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import asyncpg
+import pytest
+
+import asynclock
+from asynclock import BackendUnavailable, LockLost, LockTimeout
+from asynclock.backends.postgres import PostgresBackend, advisory_key
+from tests.harness_postgres import PostgresHarness, postgres_backend, unsigned
+from tests.servers import free_port, scaled
+from tests.servers.postgres import PostgresServer
+
+pytestmark = pytest.mark.anyio
+
+TTL = scaled(0.6)
+
+
+@pytest.fixture
+async def pg(postgres_server: PostgresServer) -> AsyncIterator[PostgresHarness]:
+    harness = PostgresHarness(postgres_server)
+    async with harness:
+        yield harness
+
+
+async def waiting_on(pg: PostgresHarness, name: str) -> int:
+    """How many sessions wait in the server's queue for ``name``'s key."""
+    high, low = unsigned(advisory_key(pg.prefix, name))
+    admin = await pg.admin()
+    count = await admin.fetchval(
+        """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+           AND NOT granted AND classid::int8 = $1 AND objid::int8 = $2""",
+        high,
+        low,
+    )
+    return int(count)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = scaled(5)) -> None:
+    """Wait (bounded) until ``await check()`` is true."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not await check():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting until {what}") from None
+
+
+async def queued(pg: PostgresHarness, name: str, count: int) -> None:
+    """Wait until exactly ``count`` sessions wait on the server for ``name``."""
+
+    async def check() -> bool:
+        return await waiting_on(pg, name) == count
+
+    await until(check, f"{count} waiter(s) queued on the server for {name!r}")
+
+
+# -- connecting --------------------------------------------------------------
+
+
+async def test_both_url_schemes_reach_the_same_locks(pg: PostgresHarness) -> None:
+    a = pg.connect(ttl=TTL)
+    b = asynclock.connect(pg.url.replace("postgresql://", "postgres://", 1), ttl=TTL, prefix=pg.prefix)
+    pg._clients.append(b)
+    async with a.lock("scheme"):
+        with pytest.raises(LockTimeout):
+            await b.lock("scheme").acquire(timeout=0)
+    assert isinstance(b.backend, PostgresBackend)
+
+
+async def test_a_given_pool_is_used_and_not_closed(pg: PostgresHarness) -> None:
+    pool = await asyncpg.create_pool(pg.server.dsn, min_size=0, max_size=6)
+    try:
+        locks = asynclock.connect(pool, ttl=TTL, prefix=pg.prefix)
+        pg._clients.append(locks)
+        backend = postgres_backend(locks)
+        assert backend.pool is pool
+        # half of the pool at most goes to locks, so the application keeps the rest
+        assert backend.max_leases == 3
+        async with locks.lock("given") as lease:
+            assert isinstance(lease.token, int)
+            assert pool.get_size() >= 1
+        await locks.aclose()
+        assert await pool.fetchval("SELECT 41 + 1") == 42
+        # the lease connection went back clean: no lock, no asynclock settings
+        async with pool.acquire() as conn:
+            assert not (await conn.fetchval("SHOW application_name")).startswith("asynclock")
+            assert await conn.fetchval("SHOW idle_session_timeout") == "0"
+    finally:
+        await pool.close()
+
+
+async def test_max_leases_bounds_connections_and_queues_acquires(pg: PostgresHarness) -> None:
+    locks = pg.connect(ttl=TTL, max_leases=2)
+    backend = postgres_backend(locks)
+    m1 = locks.lock("m1")
+    await m1.acquire()
+    second = asyncio.create_task(_hold_until(locks, "m2", asyncio.Event()))
+    await until(lambda: _holds(locks, "m2"), "m2 held")
+    # a third name has to wait for a lease connection, within its timeout
+    with pytest.raises(LockTimeout):
+        await locks.lock("m3").acquire(timeout=scaled(0.2))
+    assert backend.pool is not None and backend.pool.get_size() <= 3  # two leases + one for info/probes
+    # once a lease connection is given back, the third gets in (aclose releases it)
+    waiting = asyncio.create_task(locks.lock("m3").acquire(timeout=scaled(5)))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await m1.release()
+    assert (await waiting).name == "m3"
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+
+
+async def _holds(locks: asynclock.Locks, name: str) -> bool:
+    return name in await postgres_backend(locks).names()
+
+
+async def _hold_until(locks: asynclock.Locks, name: str, done: asyncio.Event) -> None:
+    async with locks.lock(name):
+        await done.wait()
+
+
+async def test_unreachable_server_raises_backend_unavailable_not_asyncpg(pg: PostgresHarness) -> None:
+    locks = asynclock.connect(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", ttl=TTL)
+    try:
+        with pytest.raises(BackendUnavailable) as caught:
+            await locks.lock("nowhere").acquire(timeout=scaled(1))
+        assert not type(caught.value).__module__.startswith("asyncpg")
+        assert caught.value.__cause__ is not None
+    finally:
+        await locks.aclose()
+
+
+async def test_url_options_and_a_configured_table(pg: PostgresHarness) -> None:
+    admin = await pg.admin()
+    schema = f"{pg.prefix}_s"
+    await admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        locks = pg.connect(ttl=TTL, table=f"{schema}.fences")
+        async with locks.lock("t") as lease:
+            assert lease.token == 1
+        assert await admin.fetchval(f'SELECT value FROM "{schema}".fences') == 1
+        # options also come in the URL, and do not reach the server as settings
+        url_locks = asynclock.connect(pg.url + "&max_leases=3" if "?" in pg.url else pg.url + "?max_leases=3")
+        assert postgres_backend(url_locks).max_leases == 3
+        await url_locks.aclose()
+    finally:
+        await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+# -- the server's queue ------------------------------------------------------
+
+
+async def test_waiters_wait_in_the_servers_queue_and_lock_timeout_ends_it(pg: PostgresHarness) -> None:
+    holder = pg.connect(ttl=TTL)
+    waiter = pg.connect(ttl=TTL)
+    async with holder.lock("queue"):
+        task = asyncio.create_task(waiter.lock("queue").acquire(timeout=scaled(0.8)))
+        await queued(pg, "queue", 1)
+        info = await holder.lock("queue").info()
+        assert info.waiters == 1
+        # the waiting session sits in a lock wait, not in a loop of queries
+        admin = await pg.admin()
+        states = await admin.fetch(
+            "SELECT wait_event_type, state FROM pg_stat_activity WHERE application_name = ''"
+            " AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)"
+        )
+        assert [(row["wait_event_type"], row["state"]) for row in states] == [("Lock", "active")]
+        with pytest.raises(LockTimeout):
+            await task
+        # lock_timeout took it out of the queue
+        assert await waiting_on(pg, "queue") == 0
+
+
+async def test_timeout_zero_is_one_try_and_never_queues(pg: PostgresHarness) -> None:
+    holder = pg.connect(ttl=TTL)
+    other = pg.connect(ttl=TTL)
+    async with holder.lock("try"):
+        for _ in range(5):
+            with pytest.raises(LockTimeout):
+                await other.lock("try").acquire(timeout=0)
+            assert await waiting_on(pg, "try") == 0
+    lease = await other.lock("try").acquire(timeout=0)
+    assert lease.token == 2
+    await other.lock("try").release()
+
+
+async def test_the_next_waiter_is_woken_by_the_release_at_once(pg: PostgresHarness) -> None:
+    holder = pg.connect(ttl=scaled(30))  # a long ttl: only the release can let the waiter in
+    waiter = pg.connect(ttl=scaled(30))
+    order: list[str] = []
+    lock = holder.lock("handoff")
+    await lock.acquire()
+    task = asyncio.create_task(_acquire_then(waiter, "handoff", order))
+    await queued(pg, "handoff", 1)
+    order.append("released")
+    await lock.release()
+    async with asyncio.timeout(scaled(2)):
+        await task
+    assert order == ["released", "acquired"]
+
+
+async def _acquire_then(locks: asynclock.Locks, name: str, order: list[str]) -> None:
+    async with locks.lock(name):
+        order.append("acquired")
+
+
+async def test_reentry_takes_the_server_lock_once(pg: PostgresHarness) -> None:
+    locks = pg.connect(ttl=TTL)
+    lock = locks.lock("again")
+    async with lock as lease, lock:
+        assert lease.hold_count == 2
+        info = await lock.info()
+        assert info.hold_count == 2 and info.owner is not None
+        admin = await pg.admin()
+        high, low = unsigned(advisory_key(pg.prefix, "again"))
+        granted = await admin.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted"
+            " AND classid::int8 = $1 AND objid::int8 = $2",
+            high,
+            low,
+        )
+        assert granted == 1
+    assert (await lock.info()).owner is None
+
+
+async def test_info_names_the_holder_session_and_names_lists_held_locks(pg: PostgresHarness) -> None:
+    locks = pg.connect(ttl=TTL)
+    lock = locks.lock("who")
+    assert (await lock.info()).owner is None
+    async with lock as lease:
+        info = await lock.info()
+        assert info.owner is not None and info.owner.startswith(locks.client_id)
+        assert info.token == lease.token and info.ttl is None and info.waiters == 0
+        assert info.key == lock.key == "pg_advisory({},{})".format(*advisory_key(pg.prefix, "who"))
+        pid = await pg.holder_pid("who")
+        app = await (await pg.admin()).fetchval("SELECT application_name FROM pg_stat_activity WHERE pid = $1", pid)
+        assert app.startswith("asynclock ") and info.owner in app
+        assert await postgres_backend(locks).names() == ["who"]
+    assert await postgres_backend(locks).names() == []
+
+
+async def test_tokens_increase_across_clients_and_client_restarts(pg: PostgresHarness) -> None:
+    tokens = []
+    for _ in range(3):
+        locks = pg.connect(ttl=TTL)
+        for _ in range(2):
+            async with locks.lock("fence") as lease:
+                assert lease.token is not None
+                tokens.append(lease.token)
+        await locks.aclose()
+    assert tokens == sorted(set(tokens)) and len(tokens) == 6
+
+
+async def test_names_with_nul_and_unicode_are_distinct(pg: PostgresHarness) -> None:
+    locks = pg.connect(ttl=TTL)
+    names = ["a\x00b", "a", "ünï/cødé", "a\x00c"]
+    leases = [await locks.lock(name).acquire(timeout=scaled(2)) for name in names]
+    assert all(lease.token == 1 for lease in leases)
+    assert sorted(await postgres_backend(locks).names()) == sorted(names)
+    for name in names:
+        await locks.lock(name).release()
+
+
+# -- hash collisions ---------------------------------------------------------
+
+
+async def test_colliding_names_keep_mutual_exclusion_and_their_own_tokens(pg: PostgresHarness) -> None:
+    clients = [pg.connect(ttl=TTL) for _ in range(3)]
+    shared = advisory_key(pg.prefix, "collision")
+    for locks in clients:
+        # force "left" and "right" onto one advisory key; every other name keeps its own
+        real = postgres_backend(locks)._key_of
+        postgres_backend(locks)._key_of = lambda name, real=real: shared if name in ("left", "right") else real(name)
+    assert clients[0].lock("left").key == clients[0].lock("right").key
+
+    inside = {"left": 0, "right": 0}
+    peak = {"left": 0, "right": 0}
+    tokens: dict[str, list[int]] = {"left": [], "right": []}
+
+    async def worker(locks: asynclock.Locks, name: str) -> None:
+        for _ in range(4):
+            async with locks.lock(name) as lease:
+                inside[name] += 1
+                peak[name] = max(peak[name], inside[name])
+                assert lease.token is not None
+                tokens[name].append(lease.token)
+                await asyncio.sleep(0.002)
+                inside[name] -= 1
+
+    workers = [worker(clients[i % 3], name) for i in range(3) for name in ("left", "right")]
+    await asyncio.wait_for(asyncio.gather(*workers), scaled(30))
+    assert peak == {"left": 1, "right": 1}
+    # each name keeps its own counter: 12 holds each, tokens 1..12
+    assert sorted(tokens["left"]) == list(range(1, 13))
+    assert sorted(tokens["right"]) == list(range(1, 13))
+
+    # while "left" is held, info tells the names apart (the colliding name is not "held")...
+    async with clients[0].lock("left"):
+        left, right = await clients[1].lock("left").info(), await clients[1].lock("right").info()
+        assert left.owner is not None and left.owner.startswith(clients[0].client_id)
+        assert right.owner is None
+        # ...though the collision makes "right" wait for "left" (more exclusion, never less)
+        with pytest.raises(LockTimeout):
+            await clients[1].lock("right").acquire(timeout=0)
+    # a name without a collision is independent
+    async with clients[0].lock("left"), clients[1].lock("elsewhere", ttl=TTL):
+        pass
+
+
+def test_the_key_is_stable_and_in_the_int4_range() -> None:
+    key = advisory_key("asynclock", "orders:42")
+    assert key == advisory_key("asynclock", "orders:42")
+    assert key != advisory_key("other", "orders:42")
+    assert all(-(2**31) <= part < 2**31 for part in key)
+
+
+# -- the connection is the lease ----------------------------------------------
+
+
+async def test_terminated_holder_connection_loses_the_lease_at_once(pg: PostgresHarness) -> None:
+    locks = pg.connect(ttl=scaled(30))  # only the termination can end it this quickly
+    other = pg.connect(ttl=TTL)
+    order: list[str] = []
+    with pytest.raises(LockLost):
+        async with locks.lock("term") as lease:
+            assert await pg.expire("term")
+            try:
+                await asyncio.sleep(scaled(20))
+            except asyncio.CancelledError:
+                order.append("holder cancelled")
+                raise
+    assert lease.lost and "closed" in (lease.lost_reason or "")
+    async with asyncio.timeout(scaled(5)), other.lock("term") as successor:
+        order.append("successor in")
+        assert successor.token is not None and lease.token is not None and successor.token > lease.token
+    assert order == ["holder cancelled", "successor in"]
+
+
+async def test_renewal_pings_keep_many_leases_alive_past_the_ttl(pg: PostgresHarness) -> None:
+    locks = pg.connect(ttl=TTL)
+    names = [f"keep{i}" for i in range(5)]
+    leases = [await locks.lock(name).acquire() for name in names]
+    first_deadline = min(lease.expires_at for lease in leases)
+    await asyncio.sleep(TTL * 2)
+    assert not any(lease.lost for lease in leases)
+    assert min(lease.expires_at for lease in leases) > first_deadline
+    # the server kept every session: each lock is still granted to its holder
+    for name in names:
+        assert await pg.holder_pid(name) is not None
+    for name in names:
+        await locks.lock(name).release()
+
+
+async def test_paused_server_cancels_the_holder_before_its_deadline(pg: PostgresHarness) -> None:
+    locks = pg.connect(ttl=TTL)
+    loop = asyncio.get_running_loop()
+    seen: dict[str, float] = {}
+    try:
+        with pytest.raises(LockLost):
+            async with locks.lock("stop") as lease:
+                await asyncio.sleep(TTL / 6)
+                pg.server.pause()
+                seen["paused_at"] = loop.time()
+                try:
+                    await asyncio.sleep(scaled(20))
+                except asyncio.CancelledError:
+                    seen["cancelled_at"] = loop.time()
+                    seen["deadline"] = lease.expires_at
+                    raise
+    finally:
+        pg.server.resume()
+    assert lease.lost and seen["cancelled_at"] >= seen["paused_at"]
+    # Lost by the trusted deadline (no renewal got through), not by a
+    # closed connection: the server was stopped, nothing could tell us.
+    assert "deadline" in (lease.lost_reason or "")
+    # once the server runs again the abandoned session ends; a new holder gets in
+    other = pg.connect(ttl=TTL)
+    async with asyncio.timeout(scaled(10)), other.lock("stop") as successor:
+        assert successor.token is not None and lease.token is not None and successor.token > lease.token
+
+
+async def test_a_silent_server_is_not_waited_for_forever(pg: PostgresHarness) -> None:
+    holder = pg.connect(ttl=scaled(30))
+    waiter = pg.connect(ttl=TTL)
+    async with holder.lock("silent"):
+        task = asyncio.create_task(waiter.lock("silent").acquire())  # timeout=None
+        await queued(pg, "silent", 1)
+        pg.server.pause()
+        try:
+            async with asyncio.timeout(scaled(10)):
+                with pytest.raises(BackendUnavailable):
+                    await task
+        finally:
+            pg.server.resume()
+    assert not waiter.lock("silent").held
+
+
+async def test_idle_session_timeout_ends_a_hung_holders_session(pg: PostgresHarness) -> None:
+    # A holder whose process hangs sends no pings: the server ends its session
+    # a ttl after its last statement, and the lock with it.
+    locks = pg.connect(ttl=scaled(0.4))
+    lease = await locks.lock("hung").acquire()
+    keeper = locks._keeper
+    assert keeper is not None
+    keeper.remove(lease)  # as if the watchdog stopped (a hung process)
+    assert await pg.holder_pid("hung") is not None
+
+    async def freed() -> bool:
+        return await pg.holder_pid("hung") is None
+
+    await until(freed, "the server ended the idle session", scaled(5))
+    reason = await asyncio.wait_for(lease.wait_lost(), scaled(5))
+    assert lease.lost and reason
+
+
+# -- cancellation ---------------------------------------------------------------
+
+
+async def test_cancelled_waiter_leaves_the_queue_and_returns_its_connection(pg: PostgresHarness) -> None:
+    holder = pg.connect(ttl=TTL)
+    waiter = pg.connect(ttl=TTL)
+    backend = postgres_backend(waiter)
+    async with holder.lock("leave"):
+        for _ in range(3):
+            task = asyncio.create_task(waiter.lock("leave").acquire())
+            await queued(pg, "leave", 1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await waiting_on(pg, "leave") == 0
+            assert backend.pool is not None
+            assert backend.pool.get_idle_size() == backend.pool.get_size()
+    assert await postgres_backend(waiter).names() == []
+
+
+async def test_cancelling_contended_acquires_at_random_points_leaves_nothing(pg: PostgresHarness) -> None:
+    a = pg.connect(ttl=TTL)
+    b = pg.connect(ttl=TTL)
+    rng = random.Random(5)
+    got = cancelled = 0
+
+    async def churn() -> None:
+        # "a" takes and gives the lock back at random moments meanwhile
+        while True:
+            async with a.lock("chaos"):
+                await asyncio.sleep(rng.uniform(0, 0.004))
+            await asyncio.sleep(rng.uniform(0, 0.004))
+
+    async def b_holds_nothing() -> bool:
+        return await pg.granted_to(b) == []
+
+    churner = asyncio.create_task(churn())
+    try:
+        for _ in range(80):
+            task = asyncio.create_task(_hold_briefly(b, "chaos"))
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            task.cancel()
+            try:
+                await task
+                got += 1
+            except asyncio.CancelledError:
+                cancelled += 1
+            # whatever happened, "b" holds nothing, and the server lets go of
+            # anything it got right away (a release cut short by the
+            # cancellation finishes in the background), long before a ttl
+            assert not b.lock("chaos").held
+            await until(b_holds_nothing, "b's sessions hold nothing", TTL / 3)
+    finally:
+        churner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await churner
+    assert cancelled > 0
+    await queued(pg, "chaos", 0)
+    backend = postgres_backend(b)
+    assert backend.pool is not None
+    pool = backend.pool
+
+    async def all_back() -> bool:
+        return bool(pool.get_idle_size() == pool.get_size())
+
+    await until(all_back, "every connection back in the pool")
+
+
+async def _hold_briefly(locks: asynclock.Locks, name: str) -> None:
+    async with locks.lock(name):
+        await asyncio.sleep(0.001)
