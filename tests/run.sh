@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# PostgreSQL: Debian keeps initdb/postgres in /usr/lib/postgresql/<version>/bin
+if ! { command -v initdb && command -v postgres; } >/dev/null 2>&1 \
+    && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+    missing+=(postgresql)
+fi
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing: ${missing[*]}"
