@@ -259,11 +259,13 @@ class ZooKeeperBackend:
         node = self._nodes.get(hold)
         if node is None:
             return False
-        if not self._alive(node):
+        session = self._session
+        loop = asyncio.get_running_loop()
+        if not self._alive(node) or self._closed or loop.time() >= session.confirmed_at + session.timeout:
+            # closed, or the server may have expired the session: its nodes are gone
             self._forget(node)
             return False
         node.releasing = True
-        session = self._session
         await session.wait_connected(self._op_timeout())
         if node.path is None or node.uncertain:
             # never settled (a cancelled acquire): remove whatever carries its GUID

@@ -103,7 +103,7 @@ class ZooKeeperServer(ServerProcess):
             f"minSessionTimeout={2 * self.tick_ms}",
             "maxSessionTimeout=60000",
             "admin.enableServer=false",
-            "4lw.commands.whitelist=ruok,srvr,mntr,stat,cons",
+            "4lw.commands.whitelist=ruok,srvr,mntr,stat,cons,wchp,wchc",
             "autopurge.purgeInterval=0",
             "reconfigEnabled=false",
             # empty lock directories (container nodes) are removed quickly

@@ -1,0 +1,735 @@
+"""ZooKeeper-only behaviour, against real ZooKeeper servers (Debian's package).
+
+The recipe (Curator-style nodes, numeric order, predecessor watches, recovery
+of a create whose answer was lost), name escaping, the session as the lease
+(server paused, connection cut: the holder is cancelled before anyone else
+gets the lock), the aiozk behaviours we work around, interop with kazoo and
+Curator on one path, and a three-server ensemble losing its leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import os
+import re
+import shutil
+import struct
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+from aiozk import protocol
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import asynclock
+from asynclock import BackendUnavailable, LockLost, LockTimeout
+from asynclock.backends._zk_session import EPHEMERAL, SEQUENTIAL
+from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders, _Node, escape_name, parse_url
+from tests.harness import eventually
+from tests.harness_zookeeper import ZooKeeperHarness
+from tests.servers import scaled
+from tests.servers.proxy import TcpProxy
+from tests.servers.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, four_letter
+
+pytestmark = pytest.mark.anyio
+
+TTL = scaled(0.6)
+
+
+@pytest.fixture
+async def zk(zookeeper_server: ZooKeeperServer) -> AsyncIterator[ZooKeeperHarness]:
+    async with ZooKeeperHarness(zookeeper_server) as harness:
+        yield harness
+
+
+@pytest.fixture
+def zk_fresh() -> Iterator[ZooKeeperServer]:
+    """A standalone server of its own, for tests that pause, kill or restart it."""
+    server = ZooKeeperServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def proxy(zookeeper_server: ZooKeeperServer) -> Iterator[TcpProxy]:
+    with TcpProxy("127.0.0.1", zookeeper_server.port) as tcp:
+        yield tcp
+
+
+async def _take(lock: asynclock.Lock) -> tuple[int | None, bool]:
+    """Acquire and release in one task (the owner); the token and whether it was lost inside."""
+    async with lock as lease:
+        return lease.token, lease.lost
+
+
+def backend_of(locks: asynclock.Locks) -> ZooKeeperBackend:
+    backend = locks.backend
+    assert isinstance(backend, ZooKeeperBackend)
+    return backend
+
+
+# -- names ---------------------------------------------------------------------------
+
+
+def _valid_znode_name(name: str) -> bool:
+    """ZooKeeper's own check (PathUtils.validatePath), on the name's UTF-16 code units."""
+    if not name or name in (".", "..") or "/" in name:
+        return False
+    raw = name.encode("utf-16-le")
+    units = struct.unpack(f"<{len(raw) // 2}H", raw)
+    return not any(u <= 0x1F or 0x7F <= u <= 0x9F or 0xD800 <= u <= 0xF8FF or u >= 0xFFF0 for u in units)
+
+
+@given(st.text(min_size=1, max_size=40), st.text(min_size=1, max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_escaping_is_injective_and_gives_valid_znode_names(a: str, b: str) -> None:
+    for name in (a, b):
+        escaped = escape_name(name)
+        assert unquote(escaped, errors="strict") == name
+        assert _valid_znode_name(escaped), escaped
+    if a != b:
+        assert escape_name(a) != escape_name(b)
+
+
+def test_escaping_of_the_names_zookeeper_would_alias_or_reject() -> None:
+    names = ["a/b", "a//b", "a/b/", "/", "..", ".", "a%2Fb", "%", "a\x00b", "\x7f", "\x85", "\ue000", "\ufff0", "🔒"]
+    escaped = [escape_name(name) for name in names]
+    assert len(set(escaped)) == len(names)
+    assert escape_name("a/b") == "a%2Fb" and escape_name("a%2Fb") == "a%252Fb"
+    assert escape_name("..") == "%2E%2E" and escape_name(".x") == ".x"
+    assert all(_valid_znode_name(e) for e in escaped)
+
+
+def test_url_parsing() -> None:
+    hosts, chroot, options = parse_url("zk://h1:1,h2:2,h3/app/locks?session_timeout=5")
+    assert hosts == [("h1", 1), ("h2", 2), ("h3", 2181)]
+    assert chroot == "/app/locks" and options == {"session_timeout": "5"}
+    with pytest.raises(ValueError):
+        parse_url("zk://h1:1/a/../b")
+    with pytest.raises(ValueError):
+        asynclock.connect("zk://127.0.0.1:1?session_timeout=0")
+    with pytest.raises(ValueError):
+        asynclock.connect("zk://127.0.0.1:1?bogus=1")
+    backend = backend_of(asynclock.connect("zk://127.0.0.1:1/root?session_timeout=7", ttl=3, prefix="p/q"))
+    assert backend.session.requested_timeout == 7
+    assert backend.lock_key("a/b") == "/root/p%2Fq/a%2Fb"
+    assert backend_of(asynclock.connect("zk://127.0.0.1:1", ttl=3)).session.requested_timeout == 3
+
+
+async def test_odd_names_are_distinct_nodes_on_the_server(zk: ZooKeeperHarness) -> None:
+    locks = zk.connect(ttl=TTL)
+    names = ["a/b", "a//b", "a/b/", "..", ".", "a\x00b", "\x01", "\ue000", "\ufff5", "🔒", "a%2Fb", "ключ"]
+    for name in names:
+        await locks.lock(name).acquire(timeout=0)
+    admin = await zk.admin()
+    dirs = await admin.children(zk.base)
+    assert sorted(unquote(d) for d in dirs) == sorted(names)
+    for name in names:
+        assert len(await admin.contenders(locks.lock(name).key)) == 1
+        await locks.lock(name).release()
+
+
+# -- the recipe --------------------------------------------------------------------------
+
+
+async def test_node_is_named_like_curator_protected_mode_and_token_is_czxid(zk: ZooKeeperHarness) -> None:
+    locks = zk.connect(ttl=TTL)
+    lock = locks.lock("shape")
+    lease = await lock.acquire()
+    admin = await zk.admin()
+    [holder] = await admin.contenders(lock.key)
+    assert re.fullmatch(r"_c_[0-9a-f-]{36}-lock-\d{10}", holder.rsplit("/", 1)[1])
+    stat = await admin.stat(holder)
+    assert stat is not None and lease.token == stat.created_zxid
+    assert stat.ephemeral_owner == backend_of(locks).session.session_id
+    info = await lock.info()
+    assert info.key == lock.key and info.owner is not None and info.owner.startswith(locks.client_id)
+    assert info.ttl == backend_of(locks).session.timeout and info.waiters == 0
+    await lock.release()
+    # the token keeps growing even when the lock's znode is deleted and made again
+    await admin.delete_tree(lock.key)
+    again = await lock.acquire()
+    assert again.token is not None and lease.token is not None and again.token > lease.token
+    await lock.release()
+
+
+async def test_reentry_writes_nothing(zk: ZooKeeperHarness) -> None:
+    locks = zk.connect(ttl=TTL)
+    lock = locks.lock("re")
+    async with lock:
+        admin = await zk.admin()
+        [holder] = await admin.contenders(lock.key)
+        before = await admin.stat(holder)
+        async with lock as inner:
+            assert inner.hold_count == 2
+            assert (await lock.info()).hold_count == 2
+        after = await admin.stat(holder)
+        assert before is not None and after is not None
+        assert (before.last_modified_zxid, before.version) == (after.last_modified_zxid, after.version)
+
+
+async def test_foreign_contenders_count_by_sequence_number(zk: ZooKeeperHarness) -> None:
+    """A kazoo-named node with a lower sequence number holds; ours waits for it."""
+    locks = zk.connect(ttl=TTL)
+    lock = locks.lock("foreign")
+    admin = await zk.admin()
+    await locks.__aenter__()
+    await backend_of(locks)._ensure_parents(lock.key)
+    reply = await admin.session.call(
+        protocol.Create2Request(
+            path=f"{lock.key}/{uuid.uuid4().hex}__lock__",
+            data=b"",
+            acl=[protocol.UNRESTRICTED_ACCESS],
+            flags=EPHEMERAL | SEQUENTIAL,
+        )
+    )
+    foreign = str(reply.path)
+    # unrelated children (no 10-digit suffix) are no contenders
+    await admin.session.call(
+        protocol.Create2Request(
+            path=f"{lock.key}/readme", data=b"", acl=[protocol.UNRESTRICTED_ACCESS], flags=EPHEMERAL
+        )
+    )
+    with pytest.raises(LockTimeout):
+        await lock.acquire(timeout=0)
+    info = await lock.info()
+    assert info.owner == foreign.rsplit("/", 1)[1] and info.token == reply.stat.created_zxid
+
+    async def take() -> int | None:
+        async with lock as lease:
+            return lease.token
+
+    task = asyncio.create_task(take())
+    await asyncio.sleep(0.1)
+    assert not task.done()
+    assert (await lock.info()).waiters == 1
+    await admin.delete(foreign)
+    token = await asyncio.wait_for(task, scaled(5))
+    assert token is not None and token > reply.stat.created_zxid
+    await admin.delete(f"{lock.key}/readme")
+
+
+def test_contenders_sort_numerically_not_by_name() -> None:
+    children = ["b__lock__0000000010", "_c_x-lock-0000000002", "readme", "a-lock-0000000011", "c__lock__0000000001"]
+    assert _contenders(children) == [
+        "c__lock__0000000001",
+        "_c_x-lock-0000000002",
+        "b__lock__0000000010",
+        "a-lock-0000000011",
+    ]
+
+
+async def test_each_waiter_watches_only_its_predecessor(zk: ZooKeeperHarness) -> None:
+    clients = [zk.connect(ttl=scaled(2)) for _ in range(4)]
+    holder = await clients[0].lock("herd").acquire()
+    waiters = [asyncio.create_task(c.lock("herd").acquire()) for c in clients[1:]]
+    admin = await zk.admin()
+    key = clients[0].lock("herd").key
+
+    async def queued() -> list[str]:
+        return await admin.contenders(key)
+
+    for _ in range(200):
+        if len(await queued()) == 4:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    nodes = await queued()
+    assert len(nodes) == 4
+    owners = {}
+    for path in nodes:
+        stat = await admin.stat(path)
+        assert stat is not None
+        owners[path] = stat.ephemeral_owner
+    watched = _watchers_by_path(zk.server.port)
+    for index, path in enumerate(nodes):
+        others = {sid for sid in watched.get(path, set()) if sid != owners[path]}
+        expected = {owners[nodes[index + 1]]} if index + 1 < len(nodes) else set()
+        assert others == expected, (index, watched)
+    assert holder.token is not None
+    await clients[0].lock("herd").release()
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+
+
+def _watchers_by_path(port: int) -> dict[str, set[int]]:
+    text = four_letter(port, b"wchp").decode()
+    found: dict[str, set[int]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("/"):
+            current = line.strip()
+            found[current] = set()
+        elif line.strip().startswith("0x") and current is not None:
+            found[current].add(int(line.strip(), 16))
+    return found
+
+
+async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeperHarness) -> None:
+    locks = zk.connect(ttl=TTL)
+    await locks.__aenter__()
+    backend = backend_of(locks)
+    session = backend.session
+    admin = await zk.admin()
+    key = backend.lock_key("lost-create")
+    await backend._ensure_parents(key)
+    # the create went through, its answer never came: one node, ours
+    node = _Node("lost-create", "h-1", key, str(uuid.uuid4()))
+    reply = await session.call(
+        protocol.Create2Request(
+            path=f"{key}/_c_{node.guid}-lock-",
+            data=b"",
+            acl=[protocol.UNRESTRICTED_ACCESS],
+            flags=EPHEMERAL | SEQUENTIAL,
+        )
+    )
+    node.uncertain, node.session = True, session.session_id
+    await backend._create(node, None)
+    assert node.path == reply.path and node.czxid == reply.stat.created_zxid
+    assert await admin.contenders(key) == [reply.path]
+    # a node with our GUID owned by another session is not adopted (and is removed)
+    other = _Node("lost-create", "h-2", key, str(uuid.uuid4()))
+    stray = await admin.session.call(
+        protocol.Create2Request(
+            path=f"{key}/_c_{other.guid}-lock-",
+            data=b"",
+            acl=[protocol.UNRESTRICTED_ACCESS],
+            flags=EPHEMERAL | SEQUENTIAL,
+        )
+    )
+    other.uncertain, other.session = True, session.session_id
+    await backend._create(other, None)
+    assert other.path != stray.path
+    assert await admin.contenders(key) == [reply.path, other.path]
+    await admin.delete(str(reply.path))
+    assert other.path is not None
+    await admin.delete(other.path)
+
+
+async def test_waiter_rereads_after_reconnect_when_the_release_was_missed(
+    zk: ZooKeeperHarness, proxy: TcpProxy
+) -> None:
+    holder = zk.connect(ttl=scaled(3))
+    waiter = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(3), prefix=zk.prefix)
+    async with waiter:
+        await holder.lock("rr").acquire()
+        task = asyncio.create_task(_take(waiter.lock("rr")))
+        admin = await zk.admin()
+        key = holder.lock("rr").key
+        for _ in range(300):
+            if len(await admin.contenders(key)) == 2:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        session = backend_of(waiter).session
+        sid, reconnects = session.session_id, session.reconnects
+        proxy.refuse(True)
+        proxy.reset()
+        await holder.lock("rr").release()  # the watch event goes nowhere
+        await asyncio.sleep(0.1)
+        proxy.refuse(False)
+        token, lost = await asyncio.wait_for(task, scaled(5))
+        assert session.session_id == sid and session.reconnects > reconnects
+        assert token is not None and not lost
+
+
+# -- the lease is the session ---------------------------------------------------------------
+
+
+async def test_session_timeout_is_negotiated_and_the_lease_is_shorter(zookeeper_server: ZooKeeperServer) -> None:
+    url = zookeeper_server.url
+    async with asynclock.connect(f"{url}?session_timeout=0.05", ttl=1) as short:
+        backend = backend_of(short)
+        assert backend.session.timeout == pytest.approx(2 * zookeeper_server.tick_ms / 1000)  # clamped up
+        assert backend.lease_time(1) < backend.session.timeout
+    async with asynclock.connect(url, ttl=100) as long:
+        backend = backend_of(long)
+        assert backend.session.timeout == 60  # the server's maxSessionTimeout
+        assert backend.lease_time(100) < 60
+
+
+async def _holder_and_successor(
+    holder: asynclock.Locks, successor: asynclock.Locks, fault: Any, heal: Any, outage: float
+) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    seen: dict[str, Any] = {}
+    entered = asyncio.Event()
+
+    async def hold() -> None:
+        try:
+            async with holder.lock("lease"):
+                entered.set()
+                try:
+                    await asyncio.sleep(1000)
+                finally:
+                    seen["cancelled"] = loop.time()
+        except LockLost as exc:
+            seen["lost"] = exc.reason
+
+    async def succeed() -> None:
+        async with successor.lock("lease") as lease:
+            seen["acquired"] = loop.time()
+            seen["token"] = lease.token
+
+    first = asyncio.create_task(hold())
+    await asyncio.wait_for(entered.wait(), scaled(5))
+    second = asyncio.create_task(succeed())
+    await asyncio.sleep(0.1)
+    fault()
+    try:
+        await asyncio.wait_for(asyncio.shield(first), outage)
+    except TimeoutError:
+        pass
+    finally:
+        heal()
+    await asyncio.wait_for(asyncio.gather(first, second), scaled(20))
+    return seen
+
+
+async def test_paused_server_the_holder_is_cancelled_before_the_successor_acquires(
+    zk_fresh: ZooKeeperServer,
+) -> None:
+    session_timeout = scaled(1.0)
+    holder = asynclock.connect(zk_fresh.url, ttl=session_timeout, prefix="pause")
+    successor = asynclock.connect(zk_fresh.url, ttl=scaled(6), prefix="pause")
+    async with holder, successor:
+        seen = await _holder_and_successor(
+            holder, successor, zk_fresh.pause, zk_fresh.resume, outage=session_timeout * 2
+        )
+    assert "lost" in seen, seen
+    assert seen["cancelled"] < seen["acquired"]
+
+
+@pytest.mark.parametrize("cut", ["blackhole", "reset"])
+async def test_cut_connection_the_holder_is_cancelled_before_the_successor_acquires(
+    zk: ZooKeeperHarness, proxy: TcpProxy, cut: str
+) -> None:
+    session_timeout = scaled(1.0)
+    holder = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=session_timeout, prefix=zk.prefix)
+    successor = zk.connect(ttl=scaled(3))
+
+    def fault() -> None:
+        if cut == "blackhole":
+            proxy.blackhole()
+        else:
+            proxy.refuse(True)
+            proxy.reset()
+
+    async with holder:
+        seen = await _holder_and_successor(holder, successor, fault, proxy.heal, outage=scaled(20))
+        # the session expired on the server: the client says so once it reconnects
+        session = backend_of(holder).session
+        await eventually(lambda: session.connected, scaled(10), "reconnect with a new session")
+    assert "lost" in seen, seen
+    assert seen["cancelled"] < seen["acquired"]
+
+
+async def test_a_cut_shorter_than_the_session_loses_nothing(zk: ZooKeeperHarness, proxy: TcpProxy) -> None:
+    """Connections closed before the ConnectResponse are not an expiry: the session goes on."""
+    locks = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(4), prefix=zk.prefix)
+    async with locks:
+        lock = locks.lock("short-cut")
+        lease = await lock.acquire()
+        session = backend_of(locks).session
+        sid = session.session_id
+        proxy.refuse(True)  # every reconnect attempt is closed at once
+        proxy.reset()
+        await eventually(lambda: not session.connected, scaled(2), "disconnect noticed")
+        await asyncio.sleep(scaled(0.5))
+        proxy.refuse(False)
+        await eventually(lambda: session.connected, scaled(3), "reconnected")
+        assert session.session_id == sid
+        await asyncio.sleep(scaled(1.5))  # renewals go on
+        assert not lease.lost and lock.held
+        await lock.release()
+
+
+# -- aiozk behaviours worked around ----------------------------------------------------------
+
+
+async def test_a_killed_server_is_noticed_at_once_and_errors_are_ours(zk_fresh: ZooKeeperServer) -> None:
+    locks = asynclock.connect(zk_fresh.url, ttl=scaled(20), prefix="kill")
+    async with locks:
+        session = backend_of(locks).session
+        await locks.lock("k").acquire()
+        zk_fresh.kill()
+        # EOF is noticed without waiting for a ping to time out (a third of 20 s)
+        await eventually(lambda: not session.connected, scaled(2), "EOF noticed")
+        with pytest.raises(BackendUnavailable) as caught:
+            await locks.lock("other").info()
+        assert not type(caught.value).__module__.startswith("aiozk")
+        with pytest.raises(BackendUnavailable):
+            await locks.lock("other").acquire(timeout=0.2)
+
+
+async def test_restarted_server_keeps_the_session_and_the_lock(zk_fresh: ZooKeeperServer) -> None:
+    """Reconnecting is prompt (no 4 s/8 s backoff) and the session survives the restart."""
+    locks = asynclock.connect(zk_fresh.url, ttl=scaled(8), prefix="restart")
+    async with locks:
+        session = backend_of(locks).session
+        lock = locks.lock("r")
+        lease = await lock.acquire()
+        sid = session.session_id
+        zk_fresh.kill()
+        await eventually(lambda: not session.connected, scaled(2), "EOF noticed")
+        await asyncio.to_thread(zk_fresh.start)
+        await eventually(lambda: session.connected, scaled(3), "prompt reconnect")
+        assert session.session_id == sid
+        assert not lease.lost
+        await lock.release()
+
+
+async def test_close_is_bounded_when_the_server_is_paused(zk_fresh: ZooKeeperServer) -> None:
+    """Closing the session does not wait for a paused server (aiozk waited a session timeout)."""
+    idle = asynclock.connect(zk_fresh.url, ttl=scaled(20), prefix="close")
+    holding = asynclock.connect(zk_fresh.url, ttl=scaled(20), prefix="close")
+    await idle.__aenter__()
+    await holding.__aenter__()
+    await holding.lock("c").acquire()
+    zk_fresh.pause()
+    try:
+        await asyncio.wait_for(idle.aclose(), scaled(3))
+        await asyncio.wait_for(backend_of(holding).aclose(), scaled(3))
+    finally:
+        zk_fresh.resume()
+    await holding.aclose()
+
+
+async def test_cancelled_waiter_deletes_its_node_even_while_disconnected(zk: ZooKeeperHarness, proxy: TcpProxy) -> None:
+    holder = zk.connect(ttl=scaled(2))
+    waiter = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(2), prefix=zk.prefix)
+    async with waiter:
+        await holder.lock("cd").acquire()
+        task = asyncio.create_task(waiter.lock("cd").acquire())
+        admin = await zk.admin()
+        key = holder.lock("cd").key
+        for _ in range(300):
+            if len(await admin.contenders(key)) == 2:
+                break
+            await asyncio.sleep(0.01)
+        proxy.blackhole()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, scaled(5))  # bounded though the server is unreachable
+        proxy.heal()
+        # the background clean-up deletes the node once the connection is back
+        for _ in range(500):
+            if len(await admin.contenders(key)) == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert len(await admin.contenders(key)) == 1
+        await holder.lock("cd").release()
+
+
+# -- interop -------------------------------------------------------------------------------
+
+
+def _kazoo(hosts: str) -> Any:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts, timeout=10.0)
+    client.start(timeout=15)
+    return client
+
+
+async def test_kazoo_and_asynclock_exclude_each_other(zk: ZooKeeperHarness) -> None:
+    locks = zk.connect(ttl=scaled(2))
+    lock = locks.lock("kazoo")
+    client = await asyncio.to_thread(_kazoo, zk.hosts)
+    try:
+        kazoo_lock = client.Lock(lock.key, "kazoo", extra_lock_patterns=["-lock-"])
+        # asynclock holds: kazoo waits
+        await lock.acquire()
+        from kazoo.exceptions import LockTimeout as KazooTimeout
+
+        with pytest.raises(KazooTimeout):
+            await asyncio.to_thread(kazoo_lock.acquire, True, 0.3)
+        # kazoo holds: asynclock waits, and gets it when kazoo lets go
+        waiting = asyncio.create_task(asyncio.to_thread(kazoo_lock.acquire, True, scaled(10)))
+        await asyncio.sleep(0.1)
+        await lock.release()
+        assert await asyncio.wait_for(waiting, scaled(10))
+        with pytest.raises(LockTimeout):
+            await lock.acquire(timeout=0)
+        mine = asyncio.create_task(_take(lock))
+        await asyncio.sleep(0.2)
+        assert not mine.done()
+        await asyncio.to_thread(kazoo_lock.release)
+        token, _ = await asyncio.wait_for(mine, scaled(5))
+        assert token is not None
+    finally:
+        await asyncio.to_thread(client.stop)
+        await asyncio.to_thread(client.close)
+
+
+@pytest.fixture(scope="module")
+def curator_program(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Compile the Curator lock program; the command that runs it (minus its arguments)."""
+    jars = [
+        next(iter(sorted(glob.glob(f"/usr/share/java/{name}.jar"))), None)
+        for name in ("curator-recipes", "curator-framework", "curator-client", "slf4j-nop")
+    ]
+    javac, java = shutil.which("javac"), shutil.which("java")
+    if None in jars[:3] or javac is None or java is None:
+        pytest.skip("Curator (libcurator-recipes-java) or a JDK is missing: tests/run.sh installs them")
+    classpath = os.pathsep.join(jar for jar in jars if jar)
+    out = tmp_path_factory.mktemp("curator")
+    source = Path(__file__).parent / "servers" / "curator" / "CuratorLock.java"
+    subprocess.run([javac, "-cp", classpath, "-d", str(out), str(source)], check=True, timeout=120)
+    return [java, "-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp", os.pathsep.join([str(out), classpath]), "CuratorLock"]
+
+
+class _Curator:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def expect(self, word: str, timeout: float) -> None:
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = (await self.proc.stdout.readline()).decode().strip()
+                if not line and self.proc.stdout.at_eof():
+                    raise AssertionError(f"Curator exited before {word!r}")
+                if line == word:
+                    return
+
+    async def release(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        await self.proc.stdin.drain()
+        await self.expect("released", scaled(10))
+        await asyncio.wait_for(self.proc.wait(), scaled(10))
+
+
+@contextlib.asynccontextmanager
+async def _curator(command: list[str], hosts: str, path: str) -> AsyncIterator[_Curator]:
+    proc = await asyncio.create_subprocess_exec(
+        *command, hosts, path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        yield _Curator(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_curator_and_asynclock_exclude_each_other(zk: ZooKeeperHarness, curator_program: list[str]) -> None:
+    locks = zk.connect(ttl=scaled(2))
+    lock = locks.lock("curator")
+    admin = await zk.admin()
+    # asynclock first: Curator queues behind us and gets it when we let go
+    await lock.acquire()
+    async with _curator(curator_program, zk.hosts, lock.key) as curator:
+        await curator.expect("connected", scaled(30))
+        for _ in range(500):
+            if len(await admin.contenders(lock.key)) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(await admin.contenders(lock.key)) == 2
+        await asyncio.sleep(0.2)
+        await lock.release()
+        await curator.expect("acquired", scaled(10))
+        # Curator holds: we wait, and get it when Curator lets go
+        with pytest.raises(LockTimeout):
+            await lock.acquire(timeout=0)
+        mine = asyncio.create_task(_take(lock))
+        await asyncio.sleep(0.2)
+        assert not mine.done()
+        await curator.release()
+        token, _ = await asyncio.wait_for(mine, scaled(5))
+        assert token is not None
+
+
+# -- ensemble ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ensemble() -> Iterator[ZooKeeperEnsemble]:
+    group = ZooKeeperEnsemble()
+    group.start()
+    yield group
+    group.cleanup()
+
+
+async def _contend_through(ensemble: ZooKeeperEnsemble, fault: Any, heal: Any) -> tuple[int, list[str], list[int]]:
+    """Three clients (one on the leader) contend while ``fault`` hits the leader."""
+    session_timeout = scaled(6)
+    leader = ensemble.leader()
+    hosts = list(ensemble.servers.values())
+    clients = []
+    for index in range(3):
+        locks = asynclock.connect(ensemble.url, ttl=session_timeout, prefix="ens")
+        target = leader if index == 0 else hosts[index % len(hosts)]
+        backend_of(locks).session._next_host = hosts.index(target)
+        clients.append(locks)
+    inside = 0
+    overlaps = 0
+    losses: list[str] = []
+    done = 0
+    stop = asyncio.Event()
+
+    async def worker(locks: asynclock.Locks) -> None:
+        nonlocal inside, overlaps, done
+        while not stop.is_set():
+            try:
+                async with locks.lock("ens"):
+                    inside += 1
+                    overlaps += inside > 1
+                    await asyncio.sleep(0.02)
+                    inside -= 1
+                    done += 1
+            except LockLost as exc:
+                inside -= 1
+                losses.append(exc.reason)
+            except BackendUnavailable:
+                await asyncio.sleep(0.05)
+
+    for locks in clients:
+        await locks.__aenter__()
+    on_leader = backend_of(clients[0]).session
+    assert on_leader._conn is not None and on_leader._conn.host == leader.hostport
+    sessions = [backend_of(locks).session.session_id for locks in clients]
+    try:
+        tasks = [asyncio.create_task(worker(locks)) for locks in clients for _ in range(2)]
+        await eventually(lambda: done >= 10, scaled(20), "some rounds before the fault")
+        before = done
+        await asyncio.to_thread(fault, leader)
+        await eventually(lambda: done >= before + 20, scaled(40), "rounds after the fault")
+        assert on_leader.reconnects >= 1, "the client on the leader moved to another server"
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), scaled(30))
+    finally:
+        stop.set()
+        await asyncio.to_thread(heal, leader)
+        after = [backend_of(locks).session.session_id for locks in clients]
+        for locks in clients:
+            await locks.aclose()
+    return overlaps, losses, [int(a == b) for a, b in zip(sessions, after, strict=True)]
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+async def test_ensemble_leader_fault_no_overlap_no_spurious_loss(ensemble: ZooKeeperEnsemble, fault: str) -> None:
+    def hit(leader: ZooKeeperServer) -> None:
+        if fault == "kill":
+            leader.kill()
+        else:
+            leader.pause()
+        ensemble.wait_serving(2)
+
+    def heal(leader: ZooKeeperServer) -> None:
+        leader.resume() if fault == "pause" else None
+
+    overlaps, losses, same_session = await _contend_through(ensemble, hit, heal)
+    assert overlaps == 0
+    assert same_session == [1, 1, 1], "every session survived the leader fault"
+    assert losses == [], losses
