@@ -13,6 +13,11 @@ if ! { command -v initdb && command -v postgres; } >/dev/null 2>&1 \
     && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
     missing+=(postgresql)
 fi
+# ZooKeeper runs from Debian's jars with java; the Curator interop test compiles with javac
+[ -e /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+[ -e /usr/share/java/curator-recipes.jar ] || missing+=(libcurator-recipes-java)
+command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing: ${missing[*]}"
