@@ -1,0 +1,415 @@
+"""Run the scenarios, check the targets, write the table, the JSON and the chart.
+
+``python -m benchmarks [--quick] [--backends memory,redis,zookeeper,postgres]
+[--no-peers] [--scenarios uncontended,contended,herd,watchdog] [--out DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime as dt
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from . import report
+from .servers import Servers, server_counter, started
+from .subjects import BY_KEY, PEERS, SUBJECTS, Subject, async_client, thread_client
+from .workload import Counter, contention_metrics, install_redis_counter, percentile, run_contended
+
+BACKENDS = ["memory", "redis", "zookeeper", "postgres"]
+SCENARIOS = ["uncontended", "contended", "herd", "watchdog"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    iterations: int  # uncontended acquire+release pairs per subject (over all rounds)
+    rounds: int  # subjects take turns this many times (noise hits all alike)
+    warmup: int
+    workers: int
+    procs: int
+    window: float  # contended run length, seconds
+    hold: float
+    herd: tuple[int, int]
+    herd_window: float
+    watchdog: tuple[int, ...]
+    watchdog_ttl: float
+    watchdog_periods: int
+
+
+FULL = Plan(2000, 5, 50, 8, 4, 3.0, 0.001, (8, 64), 1.5, (1000, 10000), 3.0, 3)
+QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of seconds (numbers are not meaningful)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from %(default)s")
+    parser.add_argument("--no-peers", action="store_true", help="asynclock and the raw floors only")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from %(default)s")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="where to write results")
+    args = parser.parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    for backend in args.backends:
+        if backend not in BACKENDS:
+            parser.error(f"unknown backend {backend!r}")
+    for scenario in args.scenarios:
+        if scenario not in SCENARIOS:
+            parser.error(f"unknown scenario {scenario!r}")
+    return args
+
+
+def machine() -> dict[str, Any]:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    libs: dict[str, str | None] = {}
+    for dist in ("asynclock", "redis", "python-redis-lock", "pottery", "aiozk", "kazoo", "asyncpg"):
+        try:
+            libs[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            libs[dist] = None
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg": os.getloadavg(),
+        "libraries": libs,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    install_redis_counter()
+    chosen = [s for s in SUBJECTS if s.backend in args.backends and not (args.no_peers and s.key in PEERS)]
+    results: dict[str, Any] = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "plan": plan.__dict__,
+        "machine": machine(),
+        "skipped": {},
+    }
+    log(f"starting servers for {', '.join(args.backends)}")
+    with started(args.backends) as servers:
+        results["servers"] = servers.versions
+        runnable = []
+        for subject in chosen:
+            why = servers.skipped.get(subject.backend)
+            missing = subject.missing()
+            if why is None and missing:
+                why = f"not installed: {', '.join(missing)}"
+            if why is not None:
+                results["skipped"][subject.key] = why
+            else:
+                runnable.append(subject)
+        for backend, why in servers.skipped.items():
+            log(f"skipping {backend}: {why}")
+        if "uncontended" in args.scenarios:
+            results["uncontended"] = asyncio.run(uncontended(runnable, servers, plan, results["skipped"]))
+        if "contended" in args.scenarios:
+            results["contended"] = contended(runnable, servers, plan, results["skipped"])
+        if "herd" in args.scenarios:
+            results["herd"] = herd(runnable, servers, plan, results["skipped"])
+        if "watchdog" in args.scenarios:
+            results["watchdog"] = asyncio.run(watchdog(runnable, servers, plan, results["skipped"]))
+    results["targets"] = report.targets(results)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = report.markdown(results)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    json_path = out / "latest.json"
+    json_path.write_text(json.dumps(results, indent=1, default=_jsonable))
+    (out / f"bench-{stamp}.json").write_text(json_path.read_text())
+    (out / "latest.md").write_text(table)
+    chart = report.chart(results, out / "latest.png")
+    print(table)
+    print(f"\nwrote {json_path}, {out / 'latest.md'}" + (f", {chart}" if chart else " (no chart: matplotlib missing)"))
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- 1. uncontended ---------------------------------------------------------------
+
+
+async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:
+    """Acquire+release of one free lock, subjects taking turns in rounds."""
+    log("uncontended acquire+release")
+    opened: dict[str, tuple[Any, Any]] = {}
+    for subject in subjects:
+        url = servers.urls[subject.backend]
+        try:
+            if subject.threads:
+                tclient = thread_client(subject.key)
+                await asyncio.to_thread(tclient.open, url)
+                opened[subject.key] = (tclient, tclient.handle("uncontended"))
+            else:
+                aclient = async_client(subject.key)
+                await aclient.open(url)
+                opened[subject.key] = (aclient, aclient.handle("uncontended"))
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            skipped[subject.key] = f"could not connect: {exc!r}"[:200]
+    samples: dict[str, list[float]] = collections.defaultdict(list)
+    commands: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    trips: dict[str, int] = collections.defaultdict(int)
+    per_round = max(1, plan.iterations // plan.rounds)
+    for _ in range(plan.rounds):
+        for key, (_client, handle) in opened.items():
+            subject = BY_KEY[key]
+            threads = subject.threads
+            await _loop(handle, plan.warmup, threads)
+            counter = server_counter(servers, subject.backend)
+            before = counter[0]() if counter else None
+            trips_before = Counter.value
+            samples[key] += await _loop(handle, per_round, threads)
+            trips[key] += Counter.value - trips_before
+            if counter:
+                after = counter[1]()
+                if isinstance(after, dict):
+                    commands[key].update(after)
+                else:
+                    commands[key]["requests"] += after - before
+    for key, (client, _) in opened.items():
+        try:
+            if BY_KEY[key].threads:
+                await asyncio.to_thread(client.close)
+            else:
+                await client.close()
+        except Exception as exc:  # noqa: BLE001 - closing is not measured
+            log(f"closing {key}: {exc!r}")
+    out: dict[str, Any] = {}
+    for key, times in samples.items():
+        subject = BY_KEY[key]
+        count = len(times)
+        row: dict[str, Any] = {
+            "median_us": statistics.median(times) * 1e6,
+            "p99_us": percentile(times, 99) * 1e6,
+            "samples": count,
+        }
+        if subject.backend == "redis":
+            row["commands_per_acq"] = sum(commands[key].values()) / count
+            row["commands"] = {k: round(v / count, 2) for k, v in commands[key].most_common(8)}
+            row["round_trips_per_acq"] = trips[key] / count
+        elif subject.backend == "zookeeper":
+            row["requests_per_acq"] = commands[key]["requests"] / count
+        out[key] = row
+    for key, row in out.items():
+        subject = BY_KEY[key]
+        floor = next((s.key for s in SUBJECTS if s.floor and s.backend == subject.backend and s.key in out), None)
+        row["ratio_to_floor"] = row["median_us"] / out[floor]["median_us"] if floor else None
+    return out
+
+
+async def _loop(handle: Any, count: int, threads: bool) -> list[float]:
+    if threads:
+        return await asyncio.to_thread(_sync_loop, handle, count)
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        await handle.acquire()
+        await handle.release()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _sync_loop(handle: Any, count: int) -> list[float]:
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        handle.acquire()
+        handle.release()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+# -- 2, 3, 4. contended handoff, fairness, server cost -------------------------------
+
+
+def _contended_run(
+    subject: Subject, servers: Servers, name: str, workers: int, procs: int, window: float, hold: float
+) -> dict[str, Any]:
+    counter = server_counter(servers, subject.backend)
+    run = run_contended(
+        subject.key,
+        servers.urls[subject.backend],
+        name,
+        workers=workers,
+        procs=procs,
+        window=window,
+        hold=hold,
+        before_start=counter[0] if counter else None,
+        after_end=counter[1] if counter else None,
+    )
+    metrics = contention_metrics(run)
+    acquisitions = max(1, metrics["acquisitions"])
+    metrics.update(procs=run["procs"], workers=workers, stuck=run["stuck"], errors=run["errors"])
+    metrics["client_cpu_ms_per_acq"] = run["cpu"] * 1000 / acquisitions
+    if subject.backend == "redis":
+        stats: dict[str, int] = run["after"]
+        metrics["commands_per_acq"] = sum(stats.values()) / acquisitions
+        top = collections.Counter(stats).most_common(8)
+        metrics["commands"] = {k: round(v / acquisitions, 2) for k, v in top}
+        metrics["round_trips_per_acq"] = run["round_trips"] / acquisitions
+    elif subject.backend == "zookeeper":
+        metrics["requests_per_acq"] = (run["after"] - run["before"]) / acquisitions
+    return metrics
+
+
+def contended(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for subject in subjects:
+        if not subject.contended:
+            continue
+        # memory:// is one process's lock table: all its workers live in one process
+        procs = 1 if subject.backend == "memory" else plan.procs
+        log(f"contended: {subject.key}, {plan.workers} workers over {procs} processes")
+        try:
+            out[subject.key] = _contended_run(
+                subject, servers, f"contended-{subject.key}", plan.workers, procs, plan.window, plan.hold
+            )
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            skipped[f"contended:{subject.key}"] = f"failed: {str(exc).strip().splitlines()[-1][:200]}"
+            log(f"contended {subject.key} failed: {exc}")
+    return out
+
+
+def herd(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:
+    """Server cost per handoff with few and with many waiters, spread over processes."""
+    out: dict[str, Any] = {}
+    small, large = plan.herd
+    for subject in subjects:
+        if not subject.contended or subject.backend not in ("redis", "zookeeper"):
+            continue
+        rows: dict[str, dict[str, Any]] = {}
+        try:
+            for workers in (small, large):
+                log(f"herd: {subject.key}, {workers} workers over {plan.procs} processes")
+                rows[str(workers)] = _contended_run(
+                    subject, servers, f"herd-{subject.key}-{workers}", workers, plan.procs, plan.herd_window, plan.hold
+                )
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            skipped[f"herd:{subject.key}"] = f"failed: {str(exc).strip().splitlines()[-1][:200]}"
+            log(f"herd {subject.key} failed: {exc}")
+            continue
+        field = "commands_per_acq" if subject.backend == "redis" else "requests_per_acq"
+        row: dict[str, Any] = {"field": field, "small": small, "large": large}
+        for size, metrics in rows.items():
+            row[size] = {
+                "cost_per_handoff": metrics[field],
+                "per_s": metrics["per_s"],
+                "handoff_median_ms": metrics["handoff_median_ms"],
+                "share_min": metrics["share_min"],
+                "commands": metrics.get("commands"),
+            }
+        row["growth"] = row[str(large)]["cost_per_handoff"] / row[str(small)]["cost_per_handoff"]
+        out[subject.key] = row
+    return out
+
+
+# -- 6. watchdog scale ----------------------------------------------------------------
+
+
+async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:
+    """Many leases held by one client: what keeping them alive costs per renewal period."""
+    import asynclock
+
+    out: dict[str, Any] = {}
+    for subject in subjects:
+        if not subject.key.startswith("asynclock-"):
+            continue
+        if subject.backend == "postgres":
+            skipped["watchdog:asynclock-postgres"] = "not run: every PostgreSQL lease is its own server connection"
+            continue
+        sizes = plan.watchdog if subject.backend != "zookeeper" else plan.watchdog[:1]
+        for size in sizes:
+            log(f"watchdog: {subject.key}, {size} leases, ttl {plan.watchdog_ttl}s")
+            key = f"{subject.key}:{size}"
+            try:
+                out[key] = await _watchdog_one(asynclock, subject, servers, size, plan)
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                skipped[f"watchdog:{key}"] = f"failed: {exc!r}"[:200]
+                log(f"watchdog {key} failed: {exc!r}")
+    return out
+
+
+async def _watchdog_one(asynclock: Any, subject: Subject, servers: Servers, size: int, plan: Plan) -> dict[str, Any]:
+    ttl = plan.watchdog_ttl
+    period = ttl / 3
+    counter = server_counter(servers, subject.backend)
+    async with asynclock.connect(servers.urls[subject.backend], ttl=ttl, prefix=f"wd{size}") as locks:
+        go_release = asyncio.Event()
+        holders = 100
+
+        async def holder(index: int) -> None:
+            names = [f"lease-{i}" for i in range(index, size, holders)]
+            for name in names:
+                await locks.lock(name).acquire()
+            await go_release.wait()
+            for name in names:
+                await locks.lock(name).release()
+
+        started_at = time.monotonic()
+        tasks = [asyncio.create_task(holder(i)) for i in range(holders)]
+        try:
+            deadline = time.monotonic() + 300
+            while (locks._keeper is None or len(locks._keeper) < size) and time.monotonic() < deadline:
+                failed = [t for t in tasks if t.done()]
+                if failed:
+                    await failed[0]
+                await asyncio.sleep(0.05)
+            acquire_s = time.monotonic() - started_at
+            keeper = locks._keeper
+            # let the renewals of the acquisition phase settle into their rhythm
+            await asyncio.sleep(1.5 * period)
+            renewals = keeper.round_trips
+            wire = Counter.value
+            server_before = counter[0]() if counter else None
+            cpu, wall = time.process_time(), time.monotonic()
+            await asyncio.sleep(plan.watchdog_periods * period)
+            cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+            periods = wall / period
+            row: dict[str, Any] = {
+                "leases": size,
+                "ttl": ttl,
+                "acquire_s": acquire_s,
+                "renew_calls_per_period": (keeper.round_trips - renewals) / periods,
+                "cpu_ms_per_period": cpu * 1000 / periods,
+                "cpu_share": cpu / wall,
+                "held_after": len(keeper),
+            }
+            if subject.backend == "redis":
+                row["round_trips_per_period"] = (Counter.value - wire) / periods
+                stats = counter[1]() if counter else {}
+                row["server_commands_per_period"] = sum(stats.values()) / periods
+            elif subject.backend == "zookeeper" and counter:
+                row["server_requests_per_period"] = (counter[1]() - server_before) / periods
+        finally:
+            go_release.set()
+            await asyncio.wait(tasks, timeout=300)
+    return row

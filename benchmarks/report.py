@@ -1,0 +1,266 @@
+"""Tables (Markdown), target checks and the chart, from one run's results."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .subjects import BY_KEY, SUBJECTS
+
+
+def _f(value: Any, digits: int = 2, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def _label(key: str) -> str:
+    return BY_KEY[key].label if key in BY_KEY else key
+
+
+def _floor_us(results: dict[str, Any], backend: str) -> float | None:
+    floor = next((s.key for s in SUBJECTS if s.floor and s.backend == backend), None)
+    row = results.get("uncontended", {}).get(floor or "")
+    return row["median_us"] if row else None
+
+
+# -- targets ------------------------------------------------------------------------
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of the issue: the measured ratio or value, the limit, met or not (None: not measured)."""
+    unc = results.get("uncontended", {})
+    con = results.get("contended", {})
+    herd = results.get("herd", {})
+    wd = results.get("watchdog", {})
+    checks: list[dict[str, Any]] = []
+
+    def check(what: str, value: float | None, limit: float, *, at_least: bool = False, unit: str = "") -> None:
+        met = None if value is None or not math.isfinite(value) else (value >= limit if at_least else value <= limit)
+        checks.append({"target": what, "value": value, "limit": limit, "at_least": at_least, "met": met, "unit": unit})
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    def get(table: dict[str, Any], key: str, field: str) -> float | None:
+        value = table.get(key, {}).get(field)
+        return float(value) if value is not None else None
+
+    redis_floor = _floor_us(results, "redis")
+    check("Redis acquire+release / raw floor", get(unc, "asynclock-redis", "ratio_to_floor"), 1.1, unit="x")
+    handoff = get(con, "asynclock-redis", "handoff_median_ms")
+    p99 = get(con, "asynclock-redis", "handoff_p99_ms")
+    check(
+        "Redis handoff median / raw floor",
+        ratio(handoff * 1000 if handoff is not None else None, redis_floor),
+        0.6,
+        unit="x",
+    )
+    check("Redis handoff p99 / raw floor", ratio(p99 * 1000 if p99 is not None else None, redis_floor), 2.0, unit="x")
+    check(
+        "Redis throughput / python-redis-lock",
+        ratio(get(con, "asynclock-redis", "per_s"), get(con, "python-redis-lock", "per_s")),
+        1.2,
+        at_least=True,
+        unit="x",
+    )
+    check("Redis client round trips per acquisition", get(con, "asynclock-redis", "round_trips_per_acq"), 3.0)
+    check(
+        "Redis server commands per acquisition / python-redis-lock",
+        ratio(get(con, "asynclock-redis", "commands_per_acq"), get(con, "python-redis-lock", "commands_per_acq")),
+        1.0,
+        unit="x",
+    )
+    for key in ("asynclock-memory", "asynclock-redis", "asynclock-zookeeper", "asynclock-postgres"):
+        if key in con:
+            check(f"{_label(key)}: smallest worker share / mean", get(con, key, "share_min"), 0.5, at_least=True)
+    for key in ("asynclock-redis", "asynclock-zookeeper"):
+        if key in herd:
+            row = herd[key]
+            check(f"{_label(key)}: herd cost per handoff {row['large']} / {row['small']}", row["growth"], 1.5, unit="x")
+    check("ZooKeeper acquire+release / raw floor", get(unc, "asynclock-zookeeper", "ratio_to_floor"), 1.2, unit="x")
+    check(
+        "ZooKeeper handoff median / aiozk's",
+        ratio(get(con, "asynclock-zookeeper", "handoff_median_ms"), get(con, "aiozk", "handoff_median_ms")),
+        1.0,
+        unit="x",
+    )
+    check("PostgreSQL acquire+release / raw floor", get(unc, "asynclock-postgres", "ratio_to_floor"), 1.2, unit="x")
+    check(
+        "Redis: round trips per renewal period, 10,000 leases",
+        get(wd, "asynclock-redis:10000", "round_trips_per_period"),
+        100.0,
+    )
+    return checks
+
+
+# -- Markdown ---------------------------------------------------------------------------
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines: list[str] = []
+    m = results["machine"]
+    servers = ", ".join(results.get("servers", {}).values()) or "none"
+    libs = ", ".join(f"{k} {v}" for k, v in m["libraries"].items() if v)
+    lines += [
+        f"Run {results['when']}{' (--quick: smoke run, numbers not meaningful)' if results['quick'] else ''}: "
+        f"{m['cpus']} CPUs ({m['cpu_model']}), load average {m['load_avg'][0]:.1f} at the start, "
+        f"Python {m['python']}, {servers}; {libs}.",
+        "",
+    ]
+    unc = results.get("uncontended")
+    if unc:
+        lines += [
+            "**1. Uncontended acquire+release** (one client, one free lock; microseconds)",
+            "",
+            "| subject | median µs | p99 µs | x raw floor | server cmds/acq | round trips/acq |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for key, row in unc.items():
+            cost = row.get("commands_per_acq", row.get("requests_per_acq"))
+            lines.append(
+                f"| {_label(key)} | {_f(row['median_us'], 0)} | {_f(row['p99_us'], 0)} | "
+                f"{_f(row['ratio_to_floor'])} | {_f(cost, 1)} | {_f(row.get('round_trips_per_acq'), 1)} |"
+            )
+        lines.append("")
+    con = results.get("contended")
+    if con:
+        plan = results["plan"]
+        lines += [
+            f"**2-4. Contended handoff, fairness, server cost** ({plan['workers']} workers on one lock, "
+            f"spread over {plan['procs']} processes (memory: 1), each holding {plan['hold'] * 1000:g} ms, "
+            f"{plan['window']:g} s window)",
+            "",
+            "| subject | acq/s | handoff median ms | handoff p99 ms | longest run | share min / max "
+            "| server cmds/acq | round trips/acq |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for key, row in con.items():
+            cost = row.get("commands_per_acq", row.get("requests_per_acq"))
+            lines.append(
+                f"| {_label(key)} | {_f(row['per_s'], 0)} | {_f(row['handoff_median_ms'])} | "
+                f"{_f(row['handoff_p99_ms'])} | {row['longest_run']} | "
+                f"{_f(row['share_min'])} / {_f(row['share_max'])} | {_f(cost, 1)} | "
+                f"{_f(row.get('round_trips_per_acq'), 1)} |"
+            )
+        bad = [k for k, r in con.items() if r["overlaps"] or r["stuck"] or r["errors"]]
+        for key in bad:
+            row = con[key]
+            lines.append(
+                f"\n{_label(key)}: {row['overlaps']} overlapping holds, {row['stuck']} stuck workers, "
+                f"errors {row['errors']}"
+            )
+        lines.append("")
+    herd = results.get("herd")
+    if herd:
+        some = next(iter(herd.values()))
+        small, large = some["small"], some["large"]
+        lines += [
+            f"**5. Herd** (server commands (Redis) or requests (ZooKeeper) per handoff, {small} vs {large} "
+            f"waiters over {results['plan']['procs']} processes)",
+            "",
+            f"| subject | per handoff, {small} | per handoff, {large} | growth | acq/s, {small} | acq/s, {large} |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for key, row in herd.items():
+            a, b = row[str(small)], row[str(large)]
+            lines.append(
+                f"| {_label(key)} | {_f(a['cost_per_handoff'], 1)} | {_f(b['cost_per_handoff'], 1)} | "
+                f"{_f(row['growth'])}x | {_f(a['per_s'], 0)} | {_f(b['per_s'], 0)} |"
+            )
+        lines.append("")
+    wd = results.get("watchdog")
+    if wd:
+        lines += [
+            "**6. Watchdog scale** (leases held by one asynclock client, renewed every ttl/3; per renewal period)",
+            "",
+            "| backend, leases | renew calls | round trips | server cmds or requests | client CPU ms "
+            "| CPU share | still held |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for key, row in wd.items():
+            subject, size = key.split(":")
+            server = row.get("server_commands_per_period", row.get("server_requests_per_period"))
+            lines.append(
+                f"| {_label(subject)}, {int(size):,} | {_f(row['renew_calls_per_period'], 1)} | "
+                f"{_f(row.get('round_trips_per_period'), 1)} | {_f(server, 0)} | "
+                f"{_f(row['cpu_ms_per_period'], 1)} | {_f(row['cpu_share'] * 100, 0, '%')} | "
+                f"{row['held_after']:,} |"
+            )
+        lines.append("")
+    checks = results.get("targets") or []
+    if checks:
+        lines += [
+            "**Targets** (ratios within this run)",
+            "",
+            "| target | measured | limit | met |",
+            "| --- | ---: | ---: | :-: |",
+        ]
+        for c in checks:
+            met = {True: "yes", False: "**no**", None: "not measured"}[c["met"]]
+            sign = "≥" if c["at_least"] else "≤"
+            lines.append(f"| {c['target']} | {_f(c['value'])}{c['unit']} | {sign} {c['limit']:g}{c['unit']} | {met} |")
+        lines.append("")
+    skipped = results.get("skipped") or {}
+    if skipped:
+        lines += ["**Not measured**", ""]
+        lines += [
+            f"- {_label(k.split(':', 1)[-1]) if ':' in k else _label(k)} ({k}): {why}" for k, why in skipped.items()
+        ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+# -- chart ---------------------------------------------------------------------------------
+
+
+def chart(results: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    panels = []
+    unc = results.get("uncontended") or {}
+    con = results.get("contended") or {}
+    herd = results.get("herd") or {}
+    if unc:
+        panels.append(("Uncontended acquire+release, median µs", {_label(k): r["median_us"] for k, r in unc.items()}))
+    if con:
+        panels.append(("Contended: acquisitions/s (8 workers)", {_label(k): r["per_s"] for k, r in con.items()}))
+        panels.append(("Contended: handoff median ms", {_label(k): r["handoff_median_ms"] for k, r in con.items()}))
+    if herd:
+        panels.append(
+            (
+                "Herd: server cost per handoff growth (many / few waiters)",
+                {_label(k): r["growth"] for k, r in herd.items()},
+            )
+        )
+    if not panels:
+        return None
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.2 + 0.32 * sum(len(p[1]) for p in panels)))
+    axes = [axes] if len(panels) == 1 else list(axes)
+    for ax, (title, values) in zip(axes, panels, strict=True):
+        labels = list(values)
+        data = [v if v is not None and math.isfinite(v) else 0.0 for v in values.values()]
+        colors = [
+            "tab:blue" if label.startswith("asynclock") else ("tab:gray" if "raw" in label else "tab:orange")
+            for label in labels
+        ]
+        ax.barh(labels, data, color=colors)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.tick_params(labelsize=8)
+        for y, v in enumerate(data):
+            ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
+    m = results["machine"]
+    fig.suptitle(f"asynclock vs peers, {results['when'][:16]} ({m['cpus']} CPUs, Python {m['python']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

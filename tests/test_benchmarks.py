@@ -1,0 +1,82 @@
+"""Smoke test of ``python -m benchmarks --quick`` on memory and Redis (no peers).
+
+It checks the shape of what a run produces, and that no two workers ever held
+the lock at once; it asserts nothing about timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.servers import redis_server_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(redis_server_binary() is None, reason="redis-server not installed")
+def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--backends", "memory,redis", "--no-peers", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    for heading in ("Uncontended acquire+release", "Contended handoff", "Herd", "Watchdog scale", "Targets"):
+        assert heading in proc.stdout
+    assert "| asynclock redis:// |" in proc.stdout
+
+    results = json.loads((out / "latest.json").read_text())
+    assert (out / "latest.md").read_text().strip() in proc.stdout
+    assert results["quick"] is True
+    assert {"cpus", "cpu_model", "python"} <= results["machine"].keys()
+    assert results["servers"]["redis"].startswith("Redis ")
+    assert results["skipped"] == {}
+
+    unc = results["uncontended"]
+    assert set(unc) == {"asynclock-memory", "raw-redis", "asynclock-redis"}
+    for row in unc.values():
+        assert row["samples"] > 0
+        assert row["median_us"] > 0
+        assert row["p99_us"] >= row["median_us"]
+    assert unc["raw-redis"]["ratio_to_floor"] == 1.0
+    # the raw floor is SET + EVALSHA: two round trips; GET and DEL run inside the script
+    assert unc["raw-redis"]["round_trips_per_acq"] == 2.0
+    assert unc["raw-redis"]["commands"] == {"set": 1.0, "evalsha": 1.0, "get": 1.0, "del": 1.0}
+    assert unc["asynclock-redis"]["commands_per_acq"] > 0
+
+    con = results["contended"]
+    assert set(con) == {"asynclock-memory", "asynclock-redis"}
+    for row in con.values():
+        assert row["overlaps"] == 0, "two workers held the lock at once"
+        assert row["stuck"] == 0 and row["errors"] == []
+        assert row["acquisitions"] > 0 and row["handoffs"] > 0
+        assert len(row["counts"]) == results["plan"]["workers"]
+        assert 0 <= row["share_min"] <= 1 <= row["share_max"]
+    assert con["asynclock-redis"]["round_trips_per_acq"] > 0
+
+    herd = results["herd"]["asynclock-redis"]
+    for size in (herd["small"], herd["large"]):
+        assert herd[str(size)]["cost_per_handoff"] > 0
+
+    watchdog = results["watchdog"]
+    assert {"asynclock-memory:1000", "asynclock-redis:1000"} <= watchdog.keys()
+    for row in watchdog.values():
+        assert row["held_after"] == row["leases"], "a lease was lost while only the watchdog ran"
+        assert row["renew_calls_per_period"] > 0
+    assert watchdog["asynclock-redis:1000"]["server_commands_per_period"] > 0
+
+    targets = {t["target"]: t for t in results["targets"]}
+    assert targets["Redis acquire+release / raw floor"]["met"] in (True, False)
+    assert targets["ZooKeeper acquire+release / raw floor"]["met"] is None  # not run here
