@@ -341,8 +341,8 @@ class Timeline:
             self.stats.renewals += 1
             self._last_renewal[w] = t
             good = ev.get("good_for")
-            until = f", lease trusted {good:.2f}s more" if good is not None else ""
-            self.line(t, w, kind, "renewed", f"token {token}: watchdog renewal{until}", "blue")
+            until = f": good for {good:.2f}s more" if good is not None else ""
+            self.line(t, w, kind, "renewed", f"token {token}{until}", "blue")
         elif kind == "released":
             self.line(t, w, kind, "released", f"token {token}, held {ev['held_s']:.2f}s", "dim")
             self._last_release = (w, t)
@@ -393,6 +393,7 @@ class Timeline:
                 f"token {token} while {previous.worker} still believes it holds token {previous.token}"
                 " (its key was deleted): the higher fencing token tells the resource who is current"
             )
+            waited = ""
         elif self._gone is not None:
             who, when, how = self._gone
             back = t - when
