@@ -264,6 +264,14 @@ class Locks:
             return released or (ambiguous and loop.time() < lease._expires_at)
 
 
+class _HoldRetired(Exception):
+    """An attempt whose hold id is being rolled back: retry under a new id."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(repr(cause))
+        self.__cause__ = cause
+
+
 def _unavailable(exc: BaseException) -> BackendUnavailable:
     if isinstance(exc, BackendUnavailable):
         return exc
@@ -352,6 +360,7 @@ class Lock:
         # wait for the server".
         window = min(locks._backend.lease_time(self.ttl) / 3, _REQUEST_WINDOW)
         server_deadline = None if deadline is None else max(deadline, started + window)
+        result: Lease | Busy | BaseException | None = None
         if not hub.subscribed(self.name):
             # Fast path: an uncontended acquire is one round trip, no subscription.
             # (When this client already listens for the name, registering first
@@ -359,20 +368,26 @@ class Lock:
             result = await self._attempt(hold, owner, server_deadline, keeper)
             if isinstance(result, Lease):
                 return self._got(result, started)
+            if isinstance(result, _HoldRetired):
+                hold = locks._new_hold(owner)
             if isinstance(result, Busy) and deadline is not None and loop.time() >= deadline:
                 self._give_up(hold, owner, result, timeout, started)
         # Subscribe first, then try, then wait for a release notification or
         # the holder's remaining lease, whichever comes first.
         delay = _RETRY_FIRST
         failing_since: float | None = None
+        last_busy: Busy | None = result if isinstance(result, Busy) else None
         async with hub.watch(self.name) as waiter:
             while True:
                 waiter.clear()
                 result = await self._attempt(hold, owner, server_deadline, keeper)
                 if isinstance(result, Lease):
                     return self._got(result, started)
+                if isinstance(result, _HoldRetired):
+                    hold = locks._new_hold(owner)
                 now = loop.time()
                 if isinstance(result, Busy):
+                    last_busy = result
                     if deadline is not None and now >= deadline:
                         self._give_up(hold, owner, result, timeout, started)
                     failing_since, delay = None, _RETRY_FIRST
@@ -383,6 +398,9 @@ class Lock:
                     # The server did not answer: back off, but never wait
                     # forever for a server that stays away.
                     failing_since = now if failing_since is None else failing_since
+                    if deadline is not None and now >= deadline and last_busy is not None:
+                        # The server answered "taken" before; the time is up.
+                        self._give_up(hold, owner, last_busy, timeout, started)
                     if server_deadline is not None and now >= server_deadline:
                         self._give_up(hold, owner, result, timeout, started)
                     if server_deadline is None and now - failing_since >= self.ttl:
@@ -519,9 +537,13 @@ class Lock:
         )
         # Bound each request: by the caller's deadline, and by the lease time
         # (an answer later than that would be useless anyway).
+        # Bound each request: by the caller's deadline but never below one
+        # request window (so the last try before the deadline can still be
+        # answered), and by the lease time (a later answer would be useless).
         bound = sent + lease._lease_time
         if deadline is not None:
-            bound = min(bound, max(deadline, sent + 0.001))
+            window = min(lease._lease_time / 3, _REQUEST_WINDOW)
+            bound = min(bound, max(deadline, sent + window))
         task = loop.create_task(backend.try_acquire(self.name, hold, self.ttl))
         try:
             async with asyncio.timeout_at(bound):
@@ -533,7 +555,10 @@ class Lock:
             raise
         except (LockError, OSError, TimeoutError) as exc:
             if not task.done():
+                # Still in flight: roll it back once it answers. That rollback
+                # releases by this hold id, so the next try must use a new one.
                 locks._spawn(self._rollback(task, lease))
+                return _HoldRetired(exc)
             return exc
         if isinstance(result, Busy):
             return result
@@ -541,7 +566,7 @@ class Lock:
         if loop.time() >= lease._expires_at:
             # The answer came too late to be trusted; give it back.
             locks._spawn(locks._release_on_server(lease, raise_errors=False))
-            return Busy(0.0)
+            return _HoldRetired(TimeoutError("the answer arrived after the lease time"))
         keeper.add(lease)
         locks._holds.setdefault(self.name, {})[owner] = lease
         return lease
@@ -603,6 +628,8 @@ class Lock:
         locks = self._locks
         loop = asyncio.get_running_loop()
         locks._emit("timeout", self.name, owner, None, wait_s=loop.time() - started)
+        if isinstance(last, _HoldRetired):
+            raise _unavailable(last.__cause__ or last) from last.__cause__
         if isinstance(last, BaseException):
             # An earlier try may have gone through unseen: give it back by identity.
             probe = Lease(
