@@ -85,6 +85,15 @@ _NO_COMMAND_TIMEOUT = 1e9
 
 Key = tuple[int, int]
 
+#: Everything asyncpg (and the socket under it) raises; translated at the edge.
+_CLIENT_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
 
 def advisory_key(prefix: str, name: str) -> Key:
     """The two-int advisory lock key of ``name`` under ``prefix`` (stable across versions)."""
@@ -115,11 +124,14 @@ def _translate(exc: BaseException) -> BaseException:
     """Map asyncpg (and socket) errors onto ours; the caller keeps the original as ``__cause__``."""
     if isinstance(exc, LockError):
         return exc
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return ValueError(f"bad PostgreSQL connection settings: {exc}")
     if isinstance(
         exc,
         (
             asyncpg.PostgresConnectionError,
             asyncpg.InterfaceError,
+            asyncpg.InternalClientError,
             asyncpg.CannotConnectNowError,
             asyncpg.TooManyConnectionsError,
             asyncpg.AdminShutdownError,
@@ -139,7 +151,7 @@ async def _edge() -> AsyncIterator[None]:
     """Translate client errors at the backend's edge (nothing of asyncpg leaks out)."""
     try:
         yield
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+    except _CLIENT_ERRORS as exc:
         translated = _translate(exc)
         if translated is exc:
             raise
@@ -302,14 +314,9 @@ class PostgresBackend:
                 # Lease connections undo their own settings and lock when they
                 # are given back; the pool's RESET ALL round trip is not needed.
                 options.setdefault("reset", _no_reset)
-            try:
-                async with _edge(), asyncio.timeout(ADMIN_TIMEOUT):
-                    self._pool = await asyncpg.create_pool(
-                        self._dsn, min_size=0, max_size=self._max_leases + 1, **options
-                    )
-            except ValueError as exc:  # a malformed dsn or option
-                raise ValueError(f"bad PostgreSQL URL or option: {exc}") from exc
-        async with _edge(), asyncio.timeout(ADMIN_TIMEOUT), self._pool.acquire() as conn:
+            async with _edge(), asyncio.timeout(ADMIN_TIMEOUT):
+                self._pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=self._max_leases + 1, **options)
+        async with _edge(), self._borrow(ADMIN_TIMEOUT) as conn:
             version = int(await conn.fetchval("SELECT current_setting('server_version_num')"))
             self._idle_timeout = version >= 140000
             await self._create_table(conn)
@@ -421,6 +428,21 @@ class PostgresBackend:
                 task.add_done_callback(self._return_late_checkout)
             raise
 
+    @contextlib.asynccontextmanager
+    async def _borrow(self, within: float) -> AsyncIterator[Any]:
+        """A pool connection for one short request, all of it bounded by ``within`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        conn = await self._checkout(deadline)
+        try:
+            async with asyncio.timeout_at(deadline):
+                yield conn
+        finally:
+            # Back to the pool even if the caller is cancelled meanwhile; the
+            # pool waits for a cancelled statement to be acknowledged (or
+            # closes the connection).
+            self._later(self._pool.release(conn, timeout=max(0.05, min(within, ADMIN_TIMEOUT))))
+
     def _return_late_checkout(self, task: asyncio.Task[Any]) -> None:
         if not task.cancelled() and task.exception() is None:
             self._later(self._pool.release(task.result()))
@@ -457,7 +479,8 @@ class PostgresBackend:
                 await conn.fetchval("SELECT 1")
         hold_record = _Hold(name=name, key=key, conn=conn, ttl=ttl)
         hold_record.on_close = self._on_close_callback(hold, hold_record)
-        conn.add_termination_listener(hold_record.on_close)
+        with contextlib.suppress(asyncpg.InterfaceError):  # a proxy the pool took back: closed
+            conn.add_termination_listener(hold_record.on_close)
         if _is_closed(conn):
             with contextlib.suppress(asyncpg.InterfaceError):
                 conn.remove_termination_listener(hold_record.on_close)
@@ -508,9 +531,9 @@ class PostgresBackend:
 
     async def _probe_once(self, within: float) -> bool:
         try:
-            async with asyncio.timeout(within), self._pool.acquire() as conn:
+            async with self._borrow(within) as conn:
                 await conn.fetchval("SELECT 1")
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except _CLIENT_ERRORS as exc:
             logger.info("PostgreSQL liveness probe failed: %r", exc)
             return False
         return True
@@ -551,7 +574,7 @@ class PostgresBackend:
                     await conn.execute(self._cleanup_sql(key))
                 # (key None: nothing was granted, so nothing was set either.)
                 await self._pool.release(conn, timeout=bound)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, asyncio.CancelledError) as exc:
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - any doubt: close it
             logger.info("closing a PostgreSQL lease connection in an unknown state: %r", exc)
             _terminate(conn)
             return False
@@ -613,7 +636,7 @@ class PostgresBackend:
             record.ping = loop.create_task(record.conn.fetchval("SELECT 1"))
             record.ping.add_done_callback(_quiet)
             await asyncio.shield(record.ping)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except _CLIENT_ERRORS as exc:
             if record.lost or _is_closed(record.conn):
                 return False
             translated = _translate(exc)
@@ -645,7 +668,7 @@ class PostgresBackend:
                 (SELECT count(*) FROM l WHERE NOT l.granted) AS waiters,
                 (SELECT value FROM {_table_sql(self._table)} WHERE name = $3) AS token
         """
-        async with _edge(), asyncio.timeout(ADMIN_TIMEOUT), self._pool.acquire() as conn:
+        async with _edge(), self._borrow(ADMIN_TIMEOUT) as conn:
             row = await conn.fetchrow(sql, high & 0xFFFFFFFF, low & 0xFFFFFFFF, name.encode())
         owner: str | None = None
         if row["pid"] is not None:
@@ -682,7 +705,7 @@ class PostgresBackend:
             )
             ORDER BY f.name
         """
-        async with _edge(), asyncio.timeout(ADMIN_TIMEOUT), self._pool.acquire() as conn:
+        async with _edge(), self._borrow(ADMIN_TIMEOUT) as conn:
             rows = await conn.fetch(sql)
         return [bytes(row["name"]).decode() for row in rows]
 
