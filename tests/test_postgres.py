@@ -496,3 +496,15 @@ async def test_cancelling_contended_acquires_at_random_points_leaves_nothing(pg:
 async def _hold_briefly(locks: asynclock.Locks, name: str) -> None:
     async with locks.lock(name):
         await asyncio.sleep(0.001)
+
+
+async def test_closing_the_client_ends_its_queued_waits(pg: PostgresHarness) -> None:
+    holder = pg.connect(ttl=TTL)
+    waiter = asynclock.connect(pg.url, ttl=TTL, prefix=pg.prefix)
+    async with holder.lock("closing"):
+        task = asyncio.create_task(waiter.lock("closing").acquire())
+        await queued(pg, "closing", 1)
+        await asyncio.wait_for(waiter.aclose(), scaled(5))
+        with pytest.raises(BackendUnavailable):
+            await asyncio.wait_for(task, scaled(5))
+        await queued(pg, "closing", 0)

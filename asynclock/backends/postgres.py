@@ -233,7 +233,7 @@ class PostgresBackend:
         self._probe: asyncio.Task[bool] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._starting: asyncio.Task[None] | None = None
-        self._idle_timeout = True  # PostgreSQL 14+ has idle_session_timeout
+        self._pg14 = True  # PostgreSQL 14+: idle_session_timeout, client_connection_check_interval
         self._sql_try = ""
         self._sql_wait = ""
 
@@ -318,7 +318,7 @@ class PostgresBackend:
                 self._pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=self._max_leases + 1, **options)
         async with _edge(), self._borrow(ADMIN_TIMEOUT) as conn:
             version = int(await conn.fetchval("SELECT current_setting('server_version_num')"))
-            self._idle_timeout = version >= 140000
+            self._pg14 = version >= 140000
             await self._create_table(conn)
         self._prepare_sql()
 
@@ -340,7 +340,8 @@ class PostgresBackend:
 
     def _prepare_sql(self) -> None:
         table = _table_sql(self._table)
-        idle = ", set_config('idle_session_timeout', $5, false) AS idle" if self._idle_timeout else ""
+        # PostgreSQL 14+: a hung holder's session ends a ttl after its last statement.
+        idle = "set_config('idle_session_timeout', $5, false)" if self._pg14 else "$5::text"
         # $1, $2 key; $3 name (UTF-8 bytes: a name may hold NUL, which text cannot);
         # $4 application_name; $5 idle_session_timeout (ms);
         # $6 lock_timeout (ms, '0' = no limit; local to this statement's transaction).
@@ -350,7 +351,7 @@ class PostgresBackend:
             WITH got AS MATERIALIZED (
                 SELECT set_config('lock_timeout', $6, true) AS lt, {{lock}} AS ok
             ), cfg AS MATERIALIZED (
-                SELECT set_config('application_name', $4, false) AS app{idle} FROM got WHERE ok
+                SELECT set_config('application_name', $4, false) AS app, {idle} AS idle FROM got WHERE ok
             ), fence AS (
                 INSERT INTO {table} AS f (name, k1, k2, value)
                 SELECT $3::bytea, $1, $2, 1 FROM got WHERE ok
@@ -361,14 +362,10 @@ class PostgresBackend:
         """
         self._sql_try = template.replace("{lock}", "pg_try_advisory_lock($1::int4, $2::int4)")
         self._sql_wait = template.replace("{lock}", "pg_advisory_lock($1::int4, $2::int4) IS NOT NULL")
-        if not self._idle_timeout:
-            # keep $5 in the statement so both forms take the same arguments
-            self._sql_try = self._sql_try.replace("$4, false) AS app", "$4, false) || left($5, 0) AS app")
-            self._sql_wait = self._sql_wait.replace("$4, false) AS app", "$4, false) || left($5, 0) AS app")
 
     def _cleanup_sql(self, key: Key) -> str:
         """Undo a lease connection's lock and settings (simple protocol: one round trip)."""
-        idle = " RESET idle_session_timeout;" if self._idle_timeout else ""
+        idle = " RESET idle_session_timeout; RESET client_connection_check_interval;" if self._pg14 else ""
         return f"SELECT pg_advisory_unlock({int(key[0])}, {int(key[1])}); RESET application_name;{idle}"
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
@@ -465,6 +462,14 @@ class PostgresBackend:
             async with _edge(), asyncio.timeout_at(sent + ttl):
                 row = await conn.fetchrow(self._sql_try, *args, "0")
         else:
+            if self._pg14:
+                # A waiting session does not read its socket: without this
+                # check a waiter whose client is gone (crashed, or closed the
+                # connection) stays queued as a ghost until its turn comes.
+                # The server arms the check when a statement starts, so it is
+                # set beforehand (one more round trip, on the waiting path only).
+                async with _edge(), asyncio.timeout_at(sent + ttl):
+                    await conn.execute(f"SET client_connection_check_interval = {_ms(min(ttl / 3, 1.0))}")
             lock_timeout = "0" if remaining is None else _ms(remaining)
             row = await self._wait(conn, ttl, deadline, self._sql_wait, *args, lock_timeout)
         if row is None or not row["ok"]:
@@ -715,10 +720,19 @@ class PostgresBackend:
             self._holds.pop(hold, None)
             record.released = True
             _terminate(record.conn)
-        if self._probe is not None and not self._probe.done():
-            self._probe.cancel()
+        for task in (self._probe, self._starting):
+            if task is not None and not task.done():
+                task.cancel()
+        if self._background:
+            # connections on their way back to the pool
+            await asyncio.wait(list(self._background), timeout=ADMIN_TIMEOUT)
         if self._owns_pool and self._pool is not None:
             pool, self._pool = self._pool, None
+            if pool.get_size() > pool.get_idle_size():
+                # Waiters still queued on the server: ending their sessions
+                # ends their waits (they get BackendUnavailable).
+                pool.terminate()
+                return
             try:
                 await asyncio.wait_for(pool.close(), timeout=ADMIN_TIMEOUT)
             except Exception:  # noqa: BLE001 - a silent server: drop the sockets
