@@ -240,7 +240,17 @@ class ZooKeeperBackend:
         node = _Node(name, hold, self.lock_key(name), str(uuid.uuid4()))
         self._nodes[hold] = node
         try:
-            result = await self._queue(node, deadline, once=timeout == 0)
+            try:
+                # the deadline bounds every step, a create or a read included
+                # (timeout=0 still makes its one try: create, read, delete)
+                async with asyncio.timeout_at(None if timeout == 0 else deadline):
+                    result = await self._queue(node, deadline, once=timeout == 0)
+            except TimeoutError:
+                if deadline is None or timeout == 0 or loop.time() < deadline:
+                    raise
+                if not self._session.connected:
+                    raise ZkConnectionLoss(f"no ZooKeeper server reachable within {timeout}s") from None
+                result = None
         except BaseException:
             await self._abandon(node)
             raise
@@ -524,6 +534,7 @@ class ZooKeeperBackend:
             if not adopted and int(stat.stat.ephemeral_owner) == session.session_id:
                 node.path, node.czxid, node.session = path, int(stat.stat.created_zxid), session.session_id
                 adopted = True
+                logger.debug("found our node %s of %r after a lost create answer", path, node.name)
             else:
                 await self._delete_quietly(path)
         node.uncertain = False
