@@ -389,6 +389,15 @@ async def test_session_timeout_is_negotiated_and_the_lease_is_shorter(zookeeper_
         assert backend.lease_time(100) < 60
 
 
+async def test_a_lock_ttl_the_session_cannot_carry_is_refused(zk: ZooKeeperHarness) -> None:
+    locks = zk.connect(ttl=scaled(1))
+    with pytest.raises(ValueError, match="session"):
+        await locks.lock("long-ttl", ttl=scaled(10)).acquire()
+    async with locks.lock("short-ttl", ttl=scaled(0.5)) as lease:
+        await asyncio.sleep(scaled(1.5))  # renewed every ttl/3, and the session with it
+        assert not lease.lost
+
+
 async def _holder_and_successor(
     holder: asynclock.Locks, successor: asynclock.Locks, fault: Any, heal: Any, outage: float
 ) -> dict[str, Any]:

@@ -235,6 +235,13 @@ class ZooKeeperBackend:
         raise NotImplementedError("ZooKeeper queues waiters: the front calls wait_acquire")
 
     async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        if ttl / 3 >= 0.75 * self.lease_time(ttl):
+            # the watchdog renews every ttl/3; the session (the lease) would end first
+            raise ValueError(
+                f"a ZooKeeper lock's ttl ({ttl}s) must stay well under 2.25 times the session timeout "
+                f"({self._session.timeout}s): the session is the lease; pass a smaller ttl or a longer "
+                "session_timeout"
+            )
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         node = _Node(name, hold, self.lock_key(name), str(uuid.uuid4()))
