@@ -77,6 +77,7 @@ class Worker:
         self._lease: asynclock.Lease | None = None
         self._holding = False
         self._released_at: float | None = None
+        self._held_since: float | None = None
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -101,8 +102,9 @@ class Worker:
             if lease is not None:
                 report["good_for"] = lease.expires_at - asyncio.get_running_loop().time()
         elif event.kind == "released":
-            report["held_s"] = event.held_s
             now = self._released_at or now  # when the holder let go, not when the server answered
+            # Measured here: event.held_s also counts the time spent queued on ZooKeeper and PostgreSQL.
+            report["held_s"] = now - self._held_since if self._held_since is not None else event.held_s
         elif event.kind == "lost":
             report["held_s"] = event.held_s
             report["reason"] = event.reason
@@ -131,7 +133,7 @@ class Worker:
         try:
             async with lock as lease:
                 self._lease, self._holding = lease, True
-                started = time.monotonic()
+                started = self._held_since = time.monotonic()
                 try:
                     await asyncio.sleep(length)  # the work the lock protects
                 finally:
