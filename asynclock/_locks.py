@@ -237,7 +237,7 @@ class Locks:
         """
         loop = asyncio.get_running_loop()
         # Past this time the server has expired the hold by itself.
-        expired = lease._acquired_at + lease._lease_time + 2 * lease._ttl
+        expired = lease._expires_at + 2 * lease._ttl
         now = loop.time()
         if raise_errors:
             give_up = max(lease._expires_at, now + min(lease._lease_time / 3, _REQUEST_WINDOW))
@@ -601,6 +601,7 @@ class Lock:
         if result is None:
             self._give_up(hold, owner, Busy(None), timeout, started)
         lease.token = result.token
+        lease._acquired_at = loop.time()  # held from the grant, not from joining the queue
         if result.confirmed_at is not None:
             lease._renewed(result.confirmed_at)
         if loop.time() >= lease._expires_at:

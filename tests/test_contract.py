@@ -403,3 +403,30 @@ async def test_body_is_cancelled_at_its_deadline_even_if_the_watchdog_stalls(har
                 ended_at.append(loop.time())
     assert lease.lost
     assert ended_at[0] <= lease.expires_at + 0.05
+
+
+async def test_held_time_in_events_leaves_out_the_wait(harness: Harness) -> None:
+    """``held_s`` counts from the grant: a waiter that releases at once held it
+    for less time than it waited (on every backend, queueing ones included)."""
+    events: list[asynclock.LockEvent] = []
+    first = harness.connect(ttl=TTL)
+    second = harness.connect(ttl=TTL, on_event=events.append)
+    holder, waiter = first.lock("held-time"), second.lock("held-time")
+    await holder.acquire()
+    await waiter.info()  # connected now: what the waiter's acquire measures is all waiting
+
+    async def acquire_and_release() -> None:
+        await waiter.acquire()
+        await waiter.release()
+
+    waiting = asyncio.create_task(acquire_and_release())
+    await asyncio.sleep(0.3)
+    await holder.release()
+    await asyncio.wait_for(waiting, scaled(10))
+    async with asyncio.timeout(scaled(5)):
+        while not any(event.kind == "released" for event in events):
+            await asyncio.sleep(0.01)  # events are delivered on later loop iterations
+    acquired = next(event for event in events if event.kind == "acquired")
+    released = next(event for event in events if event.kind == "released")
+    assert acquired.wait_s is not None and released.held_s is not None
+    assert released.held_s < acquired.wait_s, (released.held_s, acquired.wait_s)
