@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true", help="asynclock and the raw floors only")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from %(default)s")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="where to write results")
+    parser.add_argument("--procs", type=int, help="processes the contended and herd workers are spread over")
+    parser.add_argument("--window", type=float, help="seconds each contended run lasts")
     args = parser.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -98,6 +101,10 @@ def machine() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = QUICK if args.quick else FULL
+    if args.procs:
+        plan = dataclasses.replace(plan, procs=args.procs)
+    if args.window:
+        plan = dataclasses.replace(plan, window=args.window, herd_window=args.window)
     install_redis_counter()
     chosen = [s for s in SUBJECTS if s.backend in args.backends and not (args.no_peers and s.key in PEERS)]
     results: dict[str, Any] = {

@@ -28,6 +28,9 @@ from typing import Any
 
 from .subjects import BY_KEY, async_client, thread_client
 
+#: Uncontended acquire+release cycles each worker process does before it says it is ready.
+WARMUP = 20
+
 #: (worker, acquire called, acquire returned, release called, release returned)
 Event = tuple[int, float, float, float, float]
 
@@ -127,8 +130,9 @@ async def _child_async(spec: ProcSpec, ready: Any, go: Any, start_at: Any, resul
     await client.open(spec.url)
     try:
         warm = client.handle(f"{spec.name}-warm-{spec.proc}")
-        await warm.acquire()
-        await warm.release()
+        for _ in range(WARMUP):
+            await warm.acquire()
+            await warm.release()
         handles = [client.handle(spec.name) for _ in range(spec.workers)]
         ready.put(("ready", spec.proc))
         if not await asyncio.to_thread(go.wait, 120):
@@ -166,8 +170,9 @@ def _child_threads(spec: ProcSpec, ready: Any, go: Any, start_at: Any, results: 
     client.open(spec.url)
     try:
         warm = client.handle(f"{spec.name}-warm-{spec.proc}")
-        warm.acquire()
-        warm.release()
+        for _ in range(WARMUP):
+            warm.acquire()
+            warm.release()
         handles = [client.handle(spec.name) for _ in range(spec.workers)]
         ready.put(("ready", spec.proc))
         if not go.wait(120):
