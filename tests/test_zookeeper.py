@@ -399,7 +399,7 @@ async def test_a_lock_ttl_the_session_cannot_carry_is_refused(zk: ZooKeeperHarne
 
 
 async def _holder_and_successor(
-    holder: asynclock.Locks, successor: asynclock.Locks, fault: Any, heal: Any, outage: float
+    holder: asynclock.Locks, successor: asynclock.Locks, fault: Any, heal: Any, outage: float, *, heal_first: bool
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     seen: dict[str, Any] = {}
@@ -427,12 +427,13 @@ async def _holder_and_successor(
     await asyncio.sleep(0.1)
     fault()
     try:
-        await asyncio.wait_for(asyncio.shield(first), outage)
-    except TimeoutError:
-        pass
+        if heal_first:  # the successor needs the server back (it is the paused one)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(first), outage)
+            heal()
+        await asyncio.wait_for(asyncio.gather(first, second), scaled(20))
     finally:
         heal()
-    await asyncio.wait_for(asyncio.gather(first, second), scaled(20))
     return seen
 
 
@@ -444,7 +445,7 @@ async def test_paused_server_the_holder_is_cancelled_before_the_successor_acquir
     successor = asynclock.connect(zk_fresh.url, ttl=scaled(6), prefix="pause")
     async with holder, successor:
         seen = await _holder_and_successor(
-            holder, successor, zk_fresh.pause, zk_fresh.resume, outage=session_timeout * 2
+            holder, successor, zk_fresh.pause, zk_fresh.resume, outage=session_timeout * 2, heal_first=True
         )
     assert "lost" in seen, seen
     assert seen["cancelled"] < seen["acquired"]
@@ -466,10 +467,13 @@ async def test_cut_connection_the_holder_is_cancelled_before_the_successor_acqui
             proxy.reset()
 
     async with holder:
-        seen = await _holder_and_successor(holder, successor, fault, proxy.heal, outage=scaled(20))
-        # the session expired on the server: the client says so once it reconnects
         session = backend_of(holder).session
+        old_session = session.session_id
+        # healed only after the successor got it: the server expired the holder's session
+        seen = await _holder_and_successor(holder, successor, fault, proxy.heal, outage=scaled(20), heal_first=False)
+        # the session expired on the server: the client learns it when it reconnects
         await eventually(lambda: session.connected, scaled(10), "reconnect with a new session")
+        assert session.session_id != old_session
     assert "lost" in seen, seen
     assert seen["cancelled"] < seen["acquired"]
 
@@ -774,3 +778,14 @@ async def test_ensemble_leader_fault_no_overlap_no_spurious_loss(ensemble: ZooKe
     assert overlaps == 0
     assert same_session == [1, 1, 1], "every session survived the leader fault"
     assert losses == [], losses
+
+
+async def test_inspect_lists_and_describes_zookeeper_locks(zk: ZooKeeperHarness) -> None:
+    from asynclock._inspect import collect
+
+    locks = zk.connect(ttl=scaled(2))
+    lease = await locks.lock("a/b").acquire()
+    infos = await collect(zk.url, [], prefix=zk.prefix)
+    [info] = [i for i in infos if i.held]
+    assert info.name == "a/b" and info.token == lease.token and info.key == locks.lock("a/b").key
+    await locks.lock("a/b").release()
