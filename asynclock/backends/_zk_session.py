@@ -86,6 +86,8 @@ _STATE_EXPIRED = -112
 #: Flags of a create request.
 EPHEMERAL, SEQUENTIAL, CONTAINER = 1, 2, 4
 
+#: Largest reply accepted (ZooKeeper's own jute.maxbuffer default is 1 MiB).
+_MAX_FRAME = 64 * 1024 * 1024
 #: Longest pause between two rounds of connection attempts, in seconds.
 _MAX_ROUND_PAUSE = 0.5
 
@@ -342,6 +344,9 @@ class ZkSession:
             except (OSError, TimeoutError, EOFError, asyncio.IncompleteReadError, struct.error) as exc:
                 logger.debug("ZooKeeper %s:%d: %r", host, port, exc)
                 continue
+            except Exception:  # a garbled answer: try the next server, never stop reconnecting
+                logger.exception("ZooKeeper %s:%d: unexpected answer to the connect request", host, port)
+                continue
             if conn is not None:
                 return conn
         return None
@@ -410,36 +415,46 @@ class ZkSession:
         while not conn.dead:
             try:
                 (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
+                if not _REPLY.size <= size <= _MAX_FRAME:
+                    self._drop(conn, f"bad frame length {size} from {conn.host}")
+                    return
                 frame = await reader.readexactly(size)
             except (asyncio.IncompleteReadError, OSError) as exc:
                 self._drop(conn, f"connection to {conn.host} lost: {exc!r}")
                 return
             conn.last_recv = loop.time()
-            xid, zxid, code = _REPLY.unpack_from(frame)
-            body = frame[_REPLY.size :]
-            if zxid > 0:
-                self.last_zxid = max(self.last_zxid, zxid)
-            if xid == _WATCH_XID:
-                self._on_event(protocol.WatchEvent.deserialize(body))
-            elif xid == _PING_XID:
-                if conn.pings:
-                    sent, future = conn.pings.popleft()
-                    self.confirmed_at = max(self.confirmed_at, sent)
-                    if future is not None and not future.done():
-                        future.set_result(sent)
-            elif xid == _AUTH_XID:
-                continue
-            else:
-                pending = conn.pending.pop(xid, None)
-                if pending is None:
-                    continue
-                if code == SESSION_EXPIRED:
-                    self._expire("a request was answered SessionExpired")
-                    self._drop(conn, "session expired")
-                    return
-                if code != SESSION_MOVED:
-                    self.confirmed_at = max(self.confirmed_at, pending.sent_at)
-                self._answer(pending, code, body)
+            try:
+                self._dispatch(conn, frame)
+            except Exception as exc:  # a garbled frame: this connection cannot be trusted
+                logger.exception("ZooKeeper %s: bad reply", conn.host)
+                self._drop(conn, f"bad reply: {exc!r}")
+                return
+
+    def _dispatch(self, conn: _Conn, frame: bytes) -> None:
+        """Handle one reply frame: an answer, a ping answer, or a watch event."""
+        xid, zxid, code = _REPLY.unpack_from(frame)
+        body = frame[_REPLY.size :]
+        if zxid > 0:
+            self.last_zxid = max(self.last_zxid, zxid)
+        if xid == _WATCH_XID:
+            self._on_event(protocol.WatchEvent.deserialize(body))
+        elif xid == _PING_XID:
+            if conn.pings:
+                sent, future = conn.pings.popleft()
+                self.confirmed_at = max(self.confirmed_at, sent)
+                if future is not None and not future.done():
+                    future.set_result(sent)
+        elif xid != _AUTH_XID:
+            pending = conn.pending.pop(xid, None)
+            if pending is None:
+                return
+            if code == SESSION_EXPIRED:
+                self._expire("a request was answered SessionExpired")
+                self._drop(conn, "session expired")
+                return
+            if code != SESSION_MOVED:
+                self.confirmed_at = max(self.confirmed_at, pending.sent_at)
+            self._answer(pending, code, body)
 
     def _answer(self, pending: _Pending, code: int, body: bytes) -> None:
         future = pending.future
