@@ -8,6 +8,7 @@ session fixture); a fresh prefix per test isolates keys and the fence table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -508,3 +509,22 @@ async def test_closing_the_client_ends_its_queued_waits(pg: PostgresHarness) -> 
         with pytest.raises(BackendUnavailable):
             await asyncio.wait_for(task, scaled(5))
         await queued(pg, "closing", 0)
+
+
+async def test_release_to_a_paused_server_is_bounded_and_frees_the_lock_on_resume(pg: PostgresHarness) -> None:
+    # a long ttl: only the closed connection, not the idle timeout, can free it this fast
+    locks = pg.connect(ttl=scaled(30))
+    other = pg.connect(ttl=TTL)
+    lock = locks.lock("parting")
+    await lock.acquire()
+    pg.server.pause()
+    try:
+        async with asyncio.timeout(scaled(5)):
+            # the server cannot confirm: the connection is closed instead
+            with contextlib.suppress(BackendUnavailable):
+                await lock.release()
+        assert not lock.held
+    finally:
+        pg.server.resume()
+    async with asyncio.timeout(scaled(5)), other.lock("parting") as lease:
+        assert lease.token == 2

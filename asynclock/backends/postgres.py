@@ -76,6 +76,8 @@ logger = logging.getLogger("asynclock")
 DEFAULT_MAX_LEASES = 50
 #: Bound on short requests (info, probes, setup, cleanup), in seconds.
 ADMIN_TIMEOUT = 10.0
+#: Longest wait for a lease connection's clean-up before it is closed instead, in seconds.
+CLEANUP_TIMEOUT = 1.0
 #: Tag at the start of a lease connection's application_name.
 APP_TAG = "asynclock"
 #: PostgreSQL truncates application_name to this many bytes.
@@ -569,7 +571,9 @@ class PostgresBackend:
             raise
 
     async def _clean(self, conn: Any, key: Key | None, ttl: float) -> bool:
-        bound = max(0.05, min(ttl, ADMIN_TIMEOUT))
+        # A healthy server answers at once; one that does not is not waited
+        # for: closing the connection ends the session, and its locks, too.
+        bound = max(0.05, min(ttl / 3, CLEANUP_TIMEOUT))
         if _is_closed(conn):
             _terminate(conn)  # lets the pool take its holder back
             return False
@@ -607,7 +611,7 @@ class PostgresBackend:
             ping = record.ping
             if alive and ping is not None and not ping.done():
                 # A ping still runs on the connection: give it a moment, else close.
-                await asyncio.wait({ping}, timeout=record.ttl)
+                await asyncio.wait({ping}, timeout=record.ttl / 3)
                 if not ping.done():
                     _terminate(conn)
             # Whether it goes back clean or is closed (ending the session), the
