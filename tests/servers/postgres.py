@@ -67,7 +67,11 @@ class PostgresServer(ServerProcess):
                 raise RuntimeError("running as root needs a 'postgres' user to run the server as") from exc
         else:
             self.user = pwd.getpwuid(os.geteuid()).pw_name
-        self._initdb()
+        try:
+            self._initdb()
+        except BaseException:
+            self.cleanup()
+            raise
 
     # -- setup ----------------------------------------------------------------
 
