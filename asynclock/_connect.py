@@ -15,7 +15,6 @@ _OWN_OPTIONS = {"ttl", "prefix"}
 _PLANNED = {
     "redis+sentinel": "Redis Sentinel",
     "redis+cluster": "Redis Cluster",
-    "redlock": "Redlock",
 }
 
 
@@ -96,9 +95,13 @@ def _from_url(
         # the lease is the session: its timeout defaults to the client's ttl
         session_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl", 30.0)
         return ZooKeeperBackend.from_url(rest, prefix=chosen_prefix, ttl=session_ttl, **options), url_opts
+    if scheme == "redlock":
+        from .backends.redlock import RedlockBackend
+
+        return RedlockBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
     if scheme in _PLANNED:
         raise ValueError(f"the {_PLANNED[scheme]} backend ({scheme}://) is not available in this version")
-    known = "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://"
+    known = "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://, redlock://"
     raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
 
 

@@ -16,9 +16,10 @@ import pytest
 from tests.harness import Harness, MemoryHarness, RedisHarness
 from tests.servers import RedisServer
 from tests.servers.postgres import PostgresServer
+from tests.servers.redis_topologies import RedisNodes
 from tests.servers.zookeeper import ZooKeeperServer
 
-BACKENDS = ["memory", "redis", "postgres", "zookeeper"]
+BACKENDS = ["memory", "redis", "postgres", "zookeeper", "redlock"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -74,6 +75,17 @@ def zookeeper_server() -> Iterator[ZooKeeperServer]:
     server.cleanup()
 
 
+@pytest.fixture(scope="session")
+def redlock_nodes() -> Iterator[RedisNodes]:
+    """Five independent redis-servers for the session's Redlock contract tests."""
+    nodes = RedisNodes(5)
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.cleanup()
+
+
 @pytest.fixture(params=BACKENDS)
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     kind = request.param
@@ -90,6 +102,10 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         from tests.harness_zookeeper import ZooKeeperHarness
 
         h = ZooKeeperHarness(request.getfixturevalue("zookeeper_server"))
+    elif kind == "redlock":
+        from tests.harness_redlock import RedlockHarness
+
+        h = RedlockHarness(request.getfixturevalue("redlock_nodes"))
     else:  # pragma: no cover
         raise AssertionError(kind)
     async with h:

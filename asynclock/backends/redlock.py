@@ -1,0 +1,382 @@
+"""Redlock: one lock over N independent Redis primaries (``redlock://h1:p1,h2:p2,…``).
+
+Each node keeps the same hash as the single-Redis backend (the scripts of
+``_redis_scripts``, run through one :class:`RedisBackend` per node). A hold
+exists while a majority, ``N // 2 + 1``, of the nodes have it:
+
+* **Acquire** sends the acquire script to every node in parallel, each call
+  bounded by a short per-node timeout. It succeeds when a majority answered
+  "yours" before ``ttl - drift`` (drift = 1 % of the ttl + 2 ms) had passed
+  since the request was sent. The front counts the lease's trusted deadline
+  from that same send time (``lease_time(ttl) == ttl`` minus the front's
+  drift), which is exactly the validity the algorithm grants. On failure the
+  hold is released on every node (also those that did not answer) and the
+  front is told ``Busy`` with a random part in ``retry_after``.
+* **Waiting** listens on every node's release channel (one pub/sub connection
+  per node). The N messages of one release wake one local waiter, after a
+  short random delay so that contenders who all rolled back do not retry in
+  lock step; the wait is bounded by ``retry_after`` anyway.
+* **Renewal** runs the renew script on every node; a lease is renewed only if
+  a majority renewed it. A majority answering "not the holder" loses it at
+  once; anything less decisive is an error the watchdog retries until the
+  trusted deadline, and then the lease is lost.
+* **Release** runs everywhere.
+
+Fencing tokens: ``lease.token`` is always None. Each node can number its own
+acquisitions, but a majority is a different set of nodes each time. A later
+holder may win on nodes whose counters never saw the earlier holder (a
+restarted node, or one the earlier holder reached only after its quorum was
+counted), so no value derived from the nodes' answers is guaranteed to exceed
+every earlier holder's: taking the maximum over one majority can go backwards
+when the next majority overlaps the previous one only in a node that lost its
+data. A token that can go backwards is worse than none.
+
+What Redlock does not protect against: a holder process that pauses (GC,
+swap, SIGSTOP) past its trusted deadline still believes it holds the lock
+until it runs again; clocks that jump (the nodes expire keys by their own
+clock); and a node that restarts empty too soon. Restart a crashed node only
+after the longest lock ttl in use has passed (or run it with ``appendfsync
+always``): otherwise the holder's majority can shrink below a majority and a
+second client can get the lock while the first still holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+try:
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the Redlock backend needs redis-py: pip install 'asynclock[redis]'") from exc
+
+from .._errors import BackendUnavailable
+from .._lease import drift
+from .._values import LockInfo
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from .redis import RedisBackend, _Listener
+
+__all__ = ["RedlockBackend"]
+
+logger = logging.getLogger("asynclock")
+
+#: Messages about the same release from different nodes within this many seconds wake one waiter.
+SAME_RELEASE_WINDOW = 0.1
+
+
+def quorum(nodes: int) -> int:
+    """The majority of ``nodes``: ``nodes // 2 + 1``."""
+    return nodes // 2 + 1
+
+
+def _jitter(ttl: float) -> float:
+    """A random pause that keeps contenders who all failed from retrying in lock step."""
+    return random.uniform(0.0, min(0.05, ttl / 20))
+
+
+class RedlockBackend:
+    """One lock over N independent Redis primaries, held by a majority of them.
+
+    Example::
+
+        async with asynclock.connect("redlock://a:6379,b:6379,c:6379") as locks:
+            async with locks.lock("orders:42") as lease:
+                ...  # lease.token is None with Redlock
+
+    ``node_timeout`` bounds each request to one node (default: an eighth of the
+    lock's ttl, between 0.02 and 0.25 s); a node slower than that counts as
+    absent for that request.
+    """
+
+    kind = "redlock"
+    queues_waiters = False
+
+    def __init__(
+        self,
+        clients: Sequence[aioredis.Redis],
+        *,
+        prefix: str = "asynclock",
+        owns_clients: bool = False,
+        node_timeout: float | None = None,
+    ) -> None:
+        if len(clients) < 1:
+            raise ValueError("Redlock needs at least one Redis node")
+        if node_timeout is not None and not node_timeout > 0:
+            raise ValueError(f"node_timeout must be > 0, got {node_timeout!r}")
+        self._nodes = [RedisBackend(client, prefix=prefix, owns_client=owns_clients) for client in clients]
+        self._node_timeout = node_timeout
+        self._quorum = quorum(len(clients))
+        self._listeners: list[_ReleaseListener] = []
+        self._wakes: set[asyncio.TimerHandle] = set()
+        self._ttl_hint = 5.0
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> RedlockBackend:
+        """``redlock://[user:password@]h1:p1,h2:p2,…[/db][?node_timeout=0.2&…]``.
+
+        Other query parameters and ``options`` go to every node's client.
+        """
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        node_timeout: float | None = None
+        raw_timeout = query.pop("node_timeout", options.pop("node_timeout", None))
+        if raw_timeout is not None:
+            try:
+                node_timeout = float(raw_timeout)
+            except ValueError as exc:
+                raise ValueError(f"bad node_timeout in Redlock URL: {raw_timeout!r}") from exc
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        addresses = [host.strip() for host in hosts.split(",") if host.strip()]
+        if not addresses:
+            raise ValueError(f"a Redlock URL names its nodes: redlock://h1:p1,h2:p2,h3:p3, not {url!r}")
+        # Fail fast on a dead node: the per-node timeout is the only wait we want.
+        options.setdefault("retry", Retry(NoBackoff(), 0))
+        auth = f"{userinfo}@" if userinfo else ""
+        rest = f"{parts.path}?{urlencode(query)}" if query else parts.path
+        clients = [aioredis.Redis.from_url(f"redis://{auth}{address}{rest}", **options) for address in addresses]
+        return cls(clients, prefix=prefix, owns_clients=True, node_timeout=node_timeout)
+
+    @property
+    def nodes(self) -> list[RedisBackend]:
+        """One single-Redis backend per node (for tests and tools)."""
+        return list(self._nodes)
+
+    @property
+    def quorum(self) -> int:
+        return self._quorum
+
+    def node_timeout(self, ttl: float) -> float:
+        """How long one request to one node may take for a lock of ``ttl`` seconds."""
+        if self._node_timeout is not None:
+            return self._node_timeout
+        # An acquire that fails takes two of these (try, roll back), and the
+        # front allows a request a third of the ttl.
+        return min(max(ttl / 8, 0.02), 0.25)
+
+    # -- fan-out ------------------------------------------------------------------
+
+    async def _each(self, ttl: float, call: Any, nodes: Sequence[RedisBackend] | None = None) -> list[Any]:
+        """``call(node)`` on every node (or ``nodes``) in parallel, each bounded; exceptions are returned."""
+
+        async def one(node: RedisBackend) -> Any:
+            async with asyncio.timeout(self.node_timeout(ttl)):
+                return await call(node)
+
+        chosen = self._nodes if nodes is None else nodes
+        return list(await asyncio.gather(*(one(node) for node in chosen), return_exceptions=True))
+
+    def _verdict(self, answers: Sequence[bool | BaseException], what: str) -> bool:
+        """A majority said True: True; so many said False that no majority can: False; else raise."""
+        yes = sum(1 for answer in answers if answer is True)
+        no = sum(1 for answer in answers if answer is False)
+        if yes >= self._quorum:
+            return True
+        if no > len(self._nodes) - self._quorum:
+            return False
+        errors = [answer for answer in answers if isinstance(answer, BaseException)]
+        raise _no_quorum(what, yes, len(self._nodes), self._quorum, errors)
+
+    # -- protocol -----------------------------------------------------------------
+
+    def lock_key(self, name: str) -> str:
+        return self._nodes[0].lock_key(name)
+
+    def lease_time(self, ttl: float) -> float:
+        # The front's deadline, send time + ttl - drift(ttl), is the Redlock validity.
+        return ttl
+
+    async def start(self, hooks: BackendHooks) -> None:
+        wake = _DelayedWake(hooks, self._wakes)
+        self._listeners = [_ReleaseListener(node.client, wake, node.channel) for node in self._nodes]
+
+    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        self._ttl_hint = ttl
+        answers = await self._each(ttl, lambda node: node.try_acquire(name, hold, ttl))
+        valid_until = sent + ttl - drift(ttl)
+        got = sum(1 for answer in answers if isinstance(answer, Acquired))
+        if got >= self._quorum and loop.time() < valid_until:
+            return Acquired(None)
+        # No valid majority: give back whatever we may hold, on the nodes that
+        # said yes and on those that did not answer (the script may have run
+        # there). Now, not later: the front may retry under the same hold id.
+        unsure = [node for node, answer in zip(self._nodes, answers, strict=True) if not isinstance(answer, Busy)]
+        if unsure:
+            await self._each(ttl, lambda node: node.release(name, hold), unsure)
+        busy = sorted(answer.retry_after or 0.0 for answer in answers if isinstance(answer, Busy))
+        errors = [answer for answer in answers if isinstance(answer, BaseException)]
+        if len(errors) > len(self._nodes) - self._quorum:
+            raise _no_quorum("acquire", got, len(self._nodes), self._quorum, errors)
+        missing = self._quorum - got
+        # A majority frees up once ``missing`` more busy nodes expired; a
+        # release wakes us sooner.
+        expiry = busy[missing - 1] if 0 < missing <= len(busy) else 0.0
+        return Busy(expiry + _jitter(ttl))
+
+    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        raise NotImplementedError("Redlock uses try_acquire and release notifications")
+
+    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+        answers = await self._each(ttl, lambda node: node.set_count(name, hold, count, ttl))
+        return self._verdict(answers, "record the hold count")
+
+    async def release(self, name: str, hold: str) -> bool:
+        answers = await self._each(self._longest_ttl(), lambda node: node.release(name, hold))
+        return self._verdict(answers, "release")
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        if not items:
+            return []
+        ttl = min(item.ttl for item in items)
+        per_node = await self._each(ttl, lambda node: node.renew(items))
+        results: list[bool | BaseException] = []
+        for index in range(len(items)):
+            answers = [node if isinstance(node, BaseException) else node[index] for node in per_node]
+            try:
+                results.append(self._verdict(answers, "renew"))
+            except BackendUnavailable as exc:
+                results.append(exc)
+        return results
+
+    async def subscribe(self, name: str) -> None:
+        timeout = self.node_timeout(self._longest_ttl())
+
+        async def one(listener: _ReleaseListener) -> None:
+            # A node that is down or stalled subscribes (and wakes everyone)
+            # when it comes back; meanwhile the others' messages and the
+            # holder's lease bound the wait.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await listener.subscribe(name)
+
+        await asyncio.gather(*(one(listener) for listener in self._listeners))
+
+    async def unsubscribe(self, name: str) -> None:
+        timeout = self.node_timeout(self._longest_ttl())
+
+        async def one(listener: _ReleaseListener) -> None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await listener.unsubscribe(name)
+
+        await asyncio.gather(*(one(listener) for listener in self._listeners))
+
+    async def info(self, name: str) -> LockInfo:
+        answers = await self._each(self._longest_ttl(), lambda node: node.info(name))
+        found = [answer for answer in answers if isinstance(answer, LockInfo)]
+        if len(found) < self._quorum:
+            errors = [answer for answer in answers if isinstance(answer, BaseException)]
+            raise _no_quorum("read the lock", len(found), len(self._nodes), self._quorum, errors)
+        by_owner: dict[str, list[LockInfo]] = {}
+        for node_info in found:
+            if node_info.owner is not None:
+                by_owner.setdefault(node_info.owner, []).append(node_info)
+        holder = max(by_owner.values(), key=len, default=[])
+        if len(holder) < self._quorum:
+            return LockInfo(
+                name=name, key=self.lock_key(name), owner=None, hold_count=0, ttl=None, waiters=None, token=None
+            )
+        # The hold lasts while a majority still has it.
+        ttls = sorted((node_info.ttl or 0.0 for node_info in holder), reverse=True)
+        return LockInfo(
+            name=name,
+            key=self.lock_key(name),
+            owner=holder[0].owner,
+            hold_count=max(node_info.hold_count for node_info in holder),
+            ttl=ttls[self._quorum - 1],
+            waiters=None,
+            token=None,
+        )
+
+    async def names(self) -> list[str]:
+        """Names of the locks some reachable node has under this client's prefix."""
+        answers = await self._each(self._longest_ttl(), lambda node: node.names())
+        found: set[str] = set()
+        for answer in answers:
+            if isinstance(answer, list):
+                found.update(answer)
+        return sorted(found)
+
+    async def aclose(self) -> None:
+        for handle in self._wakes:
+            handle.cancel()
+        self._wakes.clear()
+        listeners, self._listeners = self._listeners, []
+        await asyncio.gather(*(listener.aclose() for listener in listeners), return_exceptions=True)
+        await asyncio.gather(*(node.aclose() for node in self._nodes), return_exceptions=True)
+
+    def _longest_ttl(self) -> float:
+        """For requests that carry no ttl: the ttl of the latest acquire (5 s before any)."""
+        return self._ttl_hint
+
+
+def _no_quorum(what: str, yes: int, nodes: int, needed: int, errors: Sequence[BaseException]) -> BackendUnavailable:
+    detail = "; ".join(sorted({repr(error) for error in errors})[:3]) or "no errors"
+    error = BackendUnavailable(f"Redlock could not {what} on a majority ({yes} of {nodes}, {needed} needed): {detail}")
+    if errors:
+        error.__cause__ = errors[0]
+    return error
+
+
+class _DelayedWake:
+    """The hooks given to every node's listener: one wake per release, a little late.
+
+    The same release arrives from every node that had it (the message is the
+    releasing hold id); only the first wakes a waiter. The wake comes after a
+    short random delay: when contenders all fail to reach a majority, each
+    one's roll-back wakes the others, and without the delay they would all
+    try again at the same instant.
+    """
+
+    def __init__(self, hooks: BackendHooks, handles: set[asyncio.TimerHandle]) -> None:
+        self._hooks = hooks
+        self._handles = handles
+        self._seen: dict[tuple[str, bytes], float] = {}
+
+    def released(self, name: str, hold: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if len(self._seen) > 64:
+            self._seen = {key: until for key, until in self._seen.items() if until > now}
+        if self._seen.get((name, hold), 0.0) > now:
+            return
+        self._seen[(name, hold)] = now + SAME_RELEASE_WINDOW
+        handle: asyncio.TimerHandle
+
+        def fire() -> None:
+            self._handles.discard(handle)
+            self._hooks.wake_one(name)
+
+        handle = loop.call_later(_jitter(1.0), fire)
+        self._handles.add(handle)
+
+    def wake_one(self, name: str) -> None:
+        self._hooks.wake_one(name)
+
+    def wake_all(self) -> None:
+        self._hooks.wake_all()
+
+    def lose(self, holds: Sequence[str] | None, reason: str) -> None:
+        self._hooks.lose(holds, reason)
+
+
+class _ReleaseListener(_Listener):
+    """The single-Redis listener, passing each message's releasing hold id on."""
+
+    _hooks: _DelayedWake
+
+    def _handle(self, message: Any, resubscribing: set[bytes]) -> None:
+        if isinstance(message, list) and len(message) >= 3 and message[0] == b"message":
+            name = self._names.get(message[1])
+            if name is not None:
+                self._hooks.released(name, message[2] if isinstance(message[2], bytes) else b"")
+            return
+        super()._handle(message, resubscribing)
