@@ -217,6 +217,25 @@ async def _acquire_then(locks: asynclock.Locks, name: str, order: list[str]) -> 
         order.append("acquired")
 
 
+async def test_a_lease_won_after_a_long_wait_counts_from_the_grant(pg: PostgresHarness) -> None:
+    holder = pg.connect(ttl=TTL)
+    waiter = pg.connect(ttl=TTL)
+    loop = asyncio.get_running_loop()
+    lock = holder.lock("long")
+    await lock.acquire()
+    task = asyncio.create_task(waiter.lock("long").acquire())
+    await queued(pg, "long", 1)
+    await asyncio.sleep(TTL * 1.5)  # longer than the waiter's whole ttl
+    await lock.release()
+    lease = await asyncio.wait_for(task, scaled(5))
+    got_at = loop.time()
+    # the new lease is good for about a ttl from now, not from when it queued
+    assert lease.expires_at > got_at
+    assert not lease.lost
+    await asyncio.sleep(TTL * 1.5)  # and the watchdog keeps it
+    assert not lease.lost and await pg.holder_pid("long") is not None
+
+
 async def test_reentry_takes_the_server_lock_once(pg: PostgresHarness) -> None:
     locks = pg.connect(ttl=TTL)
     lock = locks.lock("again")
