@@ -132,6 +132,26 @@ async def _hold_until(locks: asynclock.Locks, name: str, done: asyncio.Event) ->
         await done.wait()
 
 
+async def test_a_given_pools_command_timeout_does_not_cut_lock_waits(pg: PostgresHarness) -> None:
+    pool = await asyncpg.create_pool(pg.server.dsn, min_size=0, max_size=4, command_timeout=scaled(0.2))
+    try:
+        waiter = asynclock.connect(pool, ttl=TTL, prefix=pg.prefix)
+        pg._clients.append(waiter)
+        holder = pg.connect(ttl=TTL)
+        lock = holder.lock("patient")
+        await lock.acquire()
+        task = asyncio.create_task(waiter.lock("patient").acquire(timeout=scaled(5)))
+        await queued(pg, "patient", 1)
+        await asyncio.sleep(scaled(0.5))  # well past the pool's command_timeout
+        assert not task.done()
+        await lock.release()
+        lease = await asyncio.wait_for(task, scaled(5))
+        assert lease.token == 2
+        await waiter.aclose()
+    finally:
+        await pool.close()
+
+
 async def test_unreachable_server_raises_backend_unavailable_not_asyncpg(pg: PostgresHarness) -> None:
     locks = asynclock.connect(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", ttl=TTL)
     try:
@@ -153,9 +173,14 @@ async def test_url_options_and_a_configured_table(pg: PostgresHarness) -> None:
             assert lease.token == 1
         assert await admin.fetchval(f'SELECT value FROM "{schema}".fences') == 1
         # options also come in the URL, and do not reach the server as settings
-        url_locks = asynclock.connect(pg.url + "&max_leases=3" if "?" in pg.url else pg.url + "?max_leases=3")
-        assert postgres_backend(url_locks).max_leases == 3
-        await url_locks.aclose()
+        sep = "&" if "?" in pg.url else "?"
+        url = f"{pg.url}{sep}max_leases=3&table={schema}.from_url&prefix={pg.prefix}&ttl={TTL}"
+        async with asynclock.connect(url) as url_locks:
+            assert postgres_backend(url_locks).max_leases == 3
+            assert url_locks.ttl == TTL
+            async with url_locks.lock("t") as lease:
+                assert lease.token == 1
+        assert await admin.fetchval(f'SELECT value FROM "{schema}".from_url') == 1
     finally:
         await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
