@@ -80,7 +80,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     for key in ("asynclock-redis", "asynclock-zookeeper"):
         if key in herd:
             row = herd[key]
-            check(f"{_label(key)}: herd cost per handoff {row['large']} / {row['small']}", row["growth"], 1.5, unit="x")
+            what = f"{_label(key)}: herd cost per acquisition, {row['large']} / {row['small']} waiters"
+            check(what, row["growth"], 1.5, unit="x")
     check("ZooKeeper acquire+release / raw floor", get(unc, "asynclock-zookeeper", "ratio_to_floor"), 1.2, unit="x")
     check(
         "ZooKeeper handoff median / aiozk's",
@@ -159,10 +160,10 @@ def markdown(results: dict[str, Any]) -> str:
         some = next(iter(herd.values()))
         small, large = some["small"], some["large"]
         lines += [
-            f"**5. Herd** (server commands (Redis) or requests (ZooKeeper) per handoff, {small} vs {large} "
+            f"**5. Herd** (server commands (Redis) or requests (ZooKeeper) per acquisition, {small} vs {large} "
             f"waiters over {results['plan']['procs']} processes)",
             "",
-            f"| subject | per handoff, {small} | per handoff, {large} | growth | acq/s, {small} | acq/s, {large} |",
+            f"| subject | per acq, {small} | per acq, {large} | growth | acq/s, {small} | acq/s, {large} |",
             "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for key, row in herd.items():
@@ -237,7 +238,7 @@ def chart(results: dict[str, Any], path: Path) -> Path | None:
     if herd:
         panels.append(
             (
-                "Herd: server cost per handoff growth (many / few waiters)",
+                "Herd: growth of server cost per acquisition (many / few waiters)",
                 {_label(k): r["growth"] for k, r in herd.items()},
             )
         )
