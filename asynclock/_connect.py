@@ -13,7 +13,6 @@ from .abc import Backend
 _OWN_OPTIONS = {"ttl", "prefix"}
 
 _PLANNED = {
-    "redis+sentinel": "Redis Sentinel",
     "redis+cluster": "Redis Cluster",
 }
 
@@ -99,9 +98,13 @@ def _from_url(
         from .backends.redlock import RedlockBackend
 
         return RedlockBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
+    if scheme == "redis+sentinel":
+        from .backends.sentinel import SentinelBackend
+
+        return SentinelBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
     if scheme in _PLANNED:
         raise ValueError(f"the {_PLANNED[scheme]} backend ({scheme}://) is not available in this version")
-    known = "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://, redlock://"
+    known = "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://, redlock://, redis+sentinel://"
     raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
 
 
@@ -121,7 +124,7 @@ def _from_client(client: Any, prefix: str | None, options: dict[str, Any] | None
     if aioredis is not None and isinstance(client, aioredis.Redis):
         from .backends.redis import RedisBackend
 
-        return RedisBackend(client, prefix=chosen_prefix, owns_client=False)
+        return RedisBackend(client, prefix=chosen_prefix, owns_client=False, **(options or {}))
     raise TypeError(
         f"connect() takes a URL, a redis.asyncio.Redis client or an asyncpg.Pool, not {type(client).__name__}"
     )

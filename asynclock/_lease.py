@@ -64,6 +64,7 @@ class Lease:
         "_backoff",
         "_expires_at",
         "_hold",
+        "_last_error",
         "_lease_time",
         "_lost_event",
         "_next_due",
@@ -101,6 +102,7 @@ class Lease:
         self._acquired_at = sent_at
         self._backoff = _MIN_BACKOFF
         self._reason: str | None = None
+        self._last_error: str | None = None
         self._released = False
         self._lost_event: asyncio.Event | None = None
         self._scopes: list[anyio.CancelScope] = []
@@ -128,8 +130,14 @@ class Lease:
     def lost_reason(self) -> str | None:
         """Why the lease was lost, or None."""
         if self._reason is None and self.lost:
-            return "the trusted deadline passed without a renewal"
+            return self._deadline_reason()
         return self._reason
+
+    def _deadline_reason(self) -> str:
+        reason = "the trusted deadline passed without a renewal"
+        if self._last_error is not None:
+            reason += f" (last renewal error: {self._last_error})"
+        return reason
 
     async def wait_lost(self) -> str:
         """Wait until the lease is lost and return the reason.
@@ -148,7 +156,7 @@ class Lease:
                 async with asyncio.timeout_at(self._expires_at):
                     await self._lost_event.wait()
             if self._reason is None and _now() >= self._expires_at:
-                self._lose("the trusted deadline passed without a renewal")
+                self._lose(self._deadline_reason())
         return self._reason
 
     # -- internal -------------------------------------------------------------
@@ -157,6 +165,7 @@ class Lease:
         self._expires_at = sent_at + self._lease_time - drift(self._ttl)
         self._next_due = sent_at + self._ttl / 3
         self._backoff = _MIN_BACKOFF
+        self._last_error = None
         for scope in self._scopes:
             scope.deadline = self._expires_at
 
@@ -295,9 +304,10 @@ class LeaseKeeper:
             elif result is False:
                 self._drop_lost(lease, "the server no longer has this hold (expired or taken)")
             elif now >= lease._expires_at:
-                self._drop_lost(lease, f"could not renew before the trusted deadline: {result!r}")
+                self._drop_lost(lease, f"could not renew before the trusted deadline: {result}")
             else:
                 logger.info("renewal of %r failed, retrying: %r", lease.name, result)
+                lease._last_error = str(result) or repr(result)
                 lease._next_due = min(now + lease._backoff, lease._expires_at)
                 lease._backoff = min(lease._backoff * 2, lease._ttl / 6)
                 self._push(lease)

@@ -134,13 +134,16 @@ class Locks:
                 self._forget(lease)
                 lease._released = True
             if leases:
+                # A courtesy to the next holder, bounded: a hold we cannot
+                # release now expires by itself (nobody renews it any more).
+                soon = asyncio.get_running_loop().time() + 2 * _REQUEST_WINDOW
                 await asyncio.gather(
-                    *(self._release_on_server(lease, raise_errors=False) for lease in leases),
+                    *(self._release_on_server(lease, raise_errors=False, give_up=soon) for lease in leases),
                     return_exceptions=True,
                 )
             await self._keeper.aclose()
         if self._background:
-            _, pending = await asyncio.wait(list(self._background), timeout=self._ttl)
+            _, pending = await asyncio.wait(list(self._background), timeout=2 * _REQUEST_WINDOW)
             for task in pending:
                 task.cancel()
         if self._loop is not None or self._keeper is not None:
@@ -227,7 +230,7 @@ class Locks:
         except Exception:
             logger.exception("on_event callback failed for %s", event)
 
-    async def _release_on_server(self, lease: Lease, *, raise_errors: bool) -> bool:
+    async def _release_on_server(self, lease: Lease, *, raise_errors: bool, give_up: float | None = None) -> bool:
         """Release ``lease`` by its identity, retrying failed requests.
 
         With ``raise_errors`` (an explicit ``release()``) it retries until the
@@ -239,7 +242,9 @@ class Locks:
         # Past this time the server has expired the hold by itself.
         expired = lease._expires_at + 2 * lease._ttl
         now = loop.time()
-        if raise_errors:
+        if give_up is not None:
+            pass
+        elif raise_errors:
             give_up = max(lease._expires_at, now + min(lease._lease_time / 3, _REQUEST_WINDOW))
         else:
             give_up = max(expired, now + 0.05)
@@ -457,7 +462,7 @@ class Lock:
             del self._scopes[owner]
         lease._scopes.remove(scope)
         if lease._reason is None and not lease._released and asyncio.get_running_loop().time() >= lease.expires_at:
-            lease._lose("the trusted deadline passed without a renewal")  # the watchdog stalled
+            lease._lose(lease._deadline_reason())  # the watchdog stalled or kept failing
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
         if lease.lost:
             reason = lease.lost_reason or "lost"

@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 try:
     import redis.asyncio as aioredis
@@ -42,6 +43,26 @@ RENEW_CHUNK = 1000
 def _ms(seconds: float) -> int:
     """Seconds to a PEXPIRE argument: never 0 or negative (that would delete the key)."""
     return max(1, math.ceil(seconds * 1000))
+
+
+def _check_replicas(replicas: object, replica_timeout: object) -> None:
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ValueError(f"replicas must be a whole number >= 0, got {replicas!r}")
+    if (
+        isinstance(replica_timeout, bool)
+        or not isinstance(replica_timeout, (int, float))
+        or not 0 < replica_timeout < float("inf")
+    ):
+        raise ValueError(f"replica_timeout must be a positive number of seconds, got {replica_timeout!r}")
+
+
+def _pop_query(url: str, names: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """Take our own options out of a URL's query string."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    own = {key: value for key, value in query if key in names}
+    rest = [(key, value) for key, value in query if key not in names]
+    return urlunsplit(parts._replace(query=urlencode(rest))), own
 
 
 def _text(value: Any) -> str | None:
@@ -78,10 +99,22 @@ class RedisBackend:
     kind = "redis"
     queues_waiters = False
 
-    def __init__(self, client: aioredis.Redis, *, prefix: str = "asynclock", owns_client: bool = False) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "asynclock",
+        owns_client: bool = False,
+        replicas: int = 0,
+        replica_timeout: float = 0.5,
+    ) -> None:
+        _check_replicas(replicas, replica_timeout)
         self._client = client
         self._owns_client = owns_client
         self._prefix = prefix
+        #: Replicas that must confirm each acquire and renewal (Redis WAIT); 0: do not wait.
+        self.replicas = replicas
+        self._replica_timeout_ms = _ms(replica_timeout)
         self._acquire = client.register_script(scripts.ACQUIRE)
         self._set_count = client.register_script(scripts.SET_COUNT)
         self._release = client.register_script(scripts.RELEASE)
@@ -91,9 +124,22 @@ class RedisBackend:
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> RedisBackend:
-        """A backend with its own client for ``url`` (closed by ``aclose``)."""
+        """A backend with its own client for ``url`` (closed by ``aclose``).
+
+        ``replicas`` and ``replica_timeout`` may come as keyword arguments or
+        URL query parameters; everything else goes to ``redis.asyncio.Redis.from_url``.
+        """
+        url, own = _pop_query(url, ("replicas", "replica_timeout"))
+        replicas: Any = options.pop("replicas", own.get("replicas", 0))
+        replica_timeout: Any = options.pop("replica_timeout", own.get("replica_timeout", 0.5))
+        try:  # URL query values are text
+            replicas = int(replicas) if isinstance(replicas, str) else replicas
+            replica_timeout = float(replica_timeout) if isinstance(replica_timeout, str) else replica_timeout
+        except ValueError as exc:
+            raise ValueError(f"bad replicas/replica_timeout option in the URL: {exc}") from None
+        _check_replicas(replicas, replica_timeout)  # before a client exists
         client = aioredis.Redis.from_url(url, **options)
-        return cls(client, prefix=prefix, owns_client=True)
+        return cls(client, prefix=prefix, owns_client=True, replicas=replicas, replica_timeout=replica_timeout)
 
     @property
     def client(self) -> aioredis.Redis:
@@ -122,11 +168,42 @@ class RedisBackend:
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
         keys = [self.lock_key(name), self._fence_key(name)]
-        got, value = await _call(self._acquire(keys=keys, args=[hold, _ms(ttl), FENCE_LIFETIME_MS]))
+        args: list[Any] = [hold, _ms(ttl), FENCE_LIFETIME_MS]
+        if self.replicas:
+            (got, value), confirmed = await self._script_then_wait(self._acquire, keys, args)
+            if got == 1 and confirmed < self.replicas:
+                # Not on enough replicas: a failover now could lose it. Roll it
+                # back; the front retries (with a new try) until its deadline.
+                await _call(self._release(keys=[self.lock_key(name), self.channel(name)], args=[hold]))
+                raise BackendUnavailable(
+                    f"only {confirmed} of {self.replicas} replicas confirmed the acquire within the replica timeout"
+                )
+        else:
+            got, value = await _call(self._acquire(keys=keys, args=args))
         if got == 1:
             return Acquired(int(value))
         pttl = int(value)
         return Busy(pttl / 1000 if pttl >= 0 else 0.0)
+
+    async def _script_then_wait(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int]:
+        """Run ``script`` and WAIT for the replicas on the same connection, in one round trip."""
+        for attempt in (1, 2):
+            try:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    pipe.execute_command("WAIT", self.replicas, self._replica_timeout_ms)
+                    answer, confirmed = await pipe.execute(raise_on_error=False)
+            except (redis_errors.RedisError, OSError) as exc:
+                raise _translate(exc) from exc
+            if isinstance(answer, redis_errors.NoScriptError) and attempt == 1:
+                await _call(self._client.script_load(script.script))
+                continue
+            if isinstance(answer, BaseException):
+                raise _translate(answer) from answer
+            if isinstance(confirmed, BaseException):
+                raise _translate(confirmed) from confirmed
+            return answer, int(confirmed)
+        raise AssertionError("unreachable")
 
     async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
         raise NotImplementedError("Redis uses try_acquire and release notifications")
@@ -148,7 +225,24 @@ class RedisBackend:
             for item in chunk:
                 args += [item.hold, _ms(item.ttl)]
             try:
-                answer = await self._renew(keys=keys, args=args)
+                if self.replicas:
+                    answer, confirmed = await self._script_then_wait(self._renew, keys, args)
+                    if confirmed < self.replicas:
+                        # Renewed on the primary only: not trusted; retried until the deadline.
+                        error = BackendUnavailable(
+                            f"only {confirmed} of {self.replicas} replicas confirmed the renewal"
+                        )
+                        results += [error if flag else False for flag in answer]
+                        continue
+                else:
+                    answer = await self._renew(keys=keys, args=args)
+            except BackendUnavailable as exc:
+                cause = exc.__cause__
+                if isinstance(cause, redis_errors.ResponseError) and str(cause).startswith("READONLY"):
+                    results += [False] * len(chunk)
+                else:
+                    results += [exc] * len(chunk)
+                continue
             except redis_errors.ResponseError as exc:
                 if str(exc).startswith("READONLY"):
                     # A demoted primary: whatever it holds is not the lock any more.

@@ -1,0 +1,122 @@
+"""``replicas=N``: acquires (and renewals) confirmed by N replicas through
+WAIT, on a real primary and replica."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+import asynclock
+from asynclock import BackendUnavailable, LockTimeout
+from tests.servers import RedisServer, scaled
+
+pytestmark = pytest.mark.anyio
+
+TTL = scaled(0.6)
+
+
+@pytest.fixture
+def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
+    primary = RedisServer(extra=["--repl-diskless-sync-delay", "0"])
+    primary.start()
+    replica = RedisServer(extra=["--replicaof", "127.0.0.1", str(primary.port)])
+    replica.start()
+    try:
+        _wait_for_link(replica)
+        yield primary, replica
+    finally:
+        replica.cleanup()
+        primary.cleanup()
+
+
+def _wait_for_link(replica: RedisServer) -> None:
+    import time
+
+    import redis
+
+    client = redis.Redis(port=replica.port)
+    deadline = time.monotonic() + 20
+    while client.info("replication").get("master_link_status") != "up":
+        assert time.monotonic() < deadline, replica.log()
+        time.sleep(0.02)
+    client.close()
+
+
+async def test_an_acquire_confirmed_by_a_replica_survives_promoting_it(
+    primary_and_replica: tuple[RedisServer, RedisServer],
+) -> None:
+    primary, replica = primary_and_replica
+    locks = asynclock.connect(f"{primary.url}?replicas=1&replica_timeout=2", ttl=scaled(30))
+    lease = await locks.lock("failover").acquire()
+    # the primary dies right after the acquire returned; the replica is promoted
+    primary.kill()
+    promoted = aioredis.Redis.from_url(replica.url)
+    await promoted.replicaof("NO", "ONE")
+    assert await promoted.hget("asynclock:{failover}", "owner") is not None
+    async with asynclock.connect(replica.url, ttl=TTL) as after:
+        with pytest.raises(LockTimeout):
+            await after.lock("failover").acquire(timeout=0)  # still held there
+        info = await after.lock("failover").info()
+        assert info.owner is not None and info.owner.startswith(locks.client_id)
+        assert info.token == lease.token
+    await promoted.aclose()
+    await locks.aclose()
+
+
+async def test_an_acquire_no_replica_confirms_is_rolled_back(
+    primary_and_replica: tuple[RedisServer, RedisServer],
+) -> None:
+    primary, replica = primary_and_replica
+    admin = aioredis.Redis.from_url(primary.url)
+    replica.pause()
+    try:
+        async with asynclock.connect(primary.url, ttl=TTL, replicas=1, replica_timeout=0.1) as locks:
+            with pytest.raises(BackendUnavailable):
+                await locks.lock("unsafe").acquire(timeout=0.5)
+            assert await admin.exists("asynclock:{unsafe}") == 0, "an unconfirmed acquire was left behind"
+    finally:
+        replica.resume()
+        await admin.aclose()
+
+
+async def test_renewals_a_replica_cannot_confirm_lose_the_lease(
+    primary_and_replica: tuple[RedisServer, RedisServer],
+) -> None:
+    primary, replica = primary_and_replica
+    async with asynclock.connect(primary.url, ttl=TTL, replicas=1, replica_timeout=0.05) as locks:
+        with pytest.raises(asynclock.LockLost):
+            async with locks.lock("renew") as lease:
+                replica.pause()
+                try:
+                    await asyncio.sleep(scaled(10))
+                finally:
+                    replica.resume()
+        assert lease.lost
+        assert "replica" in (lease.lost_reason or "")
+
+
+async def test_without_the_option_nothing_waits(primary_and_replica: tuple[RedisServer, RedisServer]) -> None:
+    primary, replica = primary_and_replica
+    replica.pause()
+    try:
+        async with asynclock.connect(primary.url, ttl=TTL) as locks:
+            async with locks.lock("plain") as lease:
+                assert lease.token is not None
+    finally:
+        replica.resume()
+
+
+@pytest.mark.parametrize(
+    "url_or_options",
+    [{"replicas": -1}, {"replicas": 1.5}, {"replica_timeout": 0}, {"replica_timeout": "soon"}, "?replicas=x"],
+)
+def test_bad_replica_options_are_refused_before_any_io(url_or_options: object) -> None:
+    with pytest.raises(ValueError):
+        if isinstance(url_or_options, str):
+            asynclock.connect("redis://127.0.0.1:1/0" + url_or_options)
+        else:
+            assert isinstance(url_or_options, dict)
+            asynclock.connect("redis://127.0.0.1:1/0", **url_or_options)
