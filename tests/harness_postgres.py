@@ -8,6 +8,7 @@ way PostgreSQL loses one: the holder's session is ended with
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -44,6 +45,7 @@ class PostgresHarness(Harness):
         super().__init__()
         self.server = server
         self._admin: Any = None
+        self._terminations: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
@@ -64,10 +66,27 @@ class PostgresHarness(Harness):
         return None
 
     async def expire(self, name: str) -> bool:
+        """End the holder's session (``pg_terminate_backend``) a moment after returning.
+
+        The client hears of a terminated session at once (its connection
+        closes), so a termination awaited here could cancel the caller's
+        ``async with`` body while it is still inside this call; like an
+        expiry on the server, it lands a moment later instead.
+        """
         pid = await self.holder_pid(name)
         if pid is None:
             return False
-        return bool(await (await self.admin()).fetchval("SELECT pg_terminate_backend($1)", pid))
+        task = asyncio.get_running_loop().create_task(self._terminate(pid))
+        self._terminations.add(task)
+        task.add_done_callback(self._terminations.discard)
+        return True
+
+    async def _terminate(self, pid: int) -> None:
+        conn = await asyncpg.connect(self.server.dsn)
+        try:
+            await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await conn.close()
 
     async def leftovers(self) -> list[str]:
         """Advisory locks still granted to a session of one of this test's clients."""
@@ -86,6 +105,8 @@ class PostgresHarness(Harness):
     async def close(self) -> None:
         if self.server.running:
             self.server.resume()
+        if self._terminations:
+            await asyncio.wait(list(self._terminations), timeout=10)
         admin = await self.admin()
         try:
             table = f"{self.prefix}_fence".replace('"', '""')
