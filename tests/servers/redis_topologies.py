@@ -115,7 +115,10 @@ class SentinelSetup:
 
     def __init__(self, sentinels: int = 3) -> None:
         self.primary = RedisServer()
-        self.replica = RedisServer(extra=["--replicaof", "127.0.0.1", str(self.primary.port)])
+        # writable, so that a test can make a write "not reach" the replica
+        self.replica = RedisServer(
+            extra=["--replicaof", "127.0.0.1", str(self.primary.port), "--replica-read-only", "no"]
+        )
         self.sentinels: list[SentinelServer] = []
         self._count = sentinels
 

@@ -1,0 +1,175 @@
+"""Redis through Sentinel: a real primary, a replica and three sentinels, and
+real failovers (the primary is killed, the sentinels promote the replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+import asynclock
+from asynclock import BackendUnavailable, LockLost, LockTimeout
+from asynclock.abc import RenewItem
+from asynclock.backends.sentinel import SentinelBackend
+from tests.servers import scaled
+from tests.servers.redis_topologies import SentinelSetup
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def setup() -> Iterator[SentinelSetup]:
+    """A topology of this test's own: it kills the primary."""
+    group = SentinelSetup()
+    try:
+        group.start()
+        yield group
+    finally:
+        group.cleanup()
+
+
+def sentinel_backend(locks: asynclock.Locks) -> SentinelBackend:
+    backend = locks.backend
+    assert isinstance(backend, SentinelBackend)
+    return backend
+
+
+async def replicated(port: int, key: str, present: bool = True) -> None:
+    """Wait until the server on ``port`` has (or has not) ``key``."""
+    admin = aioredis.Redis(host="127.0.0.1", port=port)
+    try:
+        async with asyncio.timeout(scaled(10)):
+            while bool(await admin.exists(key)) != present:
+                await asyncio.sleep(0.01)
+    finally:
+        await admin.aclose()
+
+
+async def fail_over(setup: SentinelSetup) -> int:
+    """Kill the primary and wait until the sentinels promoted the replica; its port."""
+    old = setup.current_primary_port()
+    assert old is not None
+    setup.server_on(old).kill()
+    return await asyncio.to_thread(setup.wait_failover, old)
+
+
+def test_url_parsing() -> None:
+    locks = asynclock.connect("redis+sentinel://:pw@127.0.0.1:1,127.0.0.1:2/mymaster/3?socket_timeout=2")
+    backend = sentinel_backend(locks)
+    assert len(backend.sentinel.sentinels) == 2
+    kwargs = backend.client.connection_pool.connection_kwargs
+    assert (kwargs["db"], kwargs["password"], kwargs["socket_timeout"]) == (3, "pw", 2.0)
+    with pytest.raises(ValueError, match="service_name"):
+        asynclock.connect("redis+sentinel://127.0.0.1:1")
+    with pytest.raises(ValueError, match="host:port"):
+        asynclock.connect("redis+sentinel://127.0.0.1/mymaster")
+
+
+async def test_after_a_failover_the_client_follows_the_new_primary(setup: SentinelSetup) -> None:
+    ttl = scaled(6)
+    prefix = "follow"
+    async with (
+        asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as holder,
+        asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as other,
+    ):
+        order: list[str] = []
+        lease = await holder.lock("kept").acquire()
+        await replicated(setup.replica.port, f"{prefix}:{{kept}}")
+
+        async def wait_for_it() -> None:
+            async with other.lock("kept"):
+                order.append("waiter got it")
+
+        waiter = asyncio.create_task(wait_for_it())
+        await asyncio.sleep(0.2)
+        new_port = await fail_over(setup)
+        assert new_port == setup.replica.port
+        # the hold survived (it had reached the replica): renewals go on, on the new primary
+        renewed = lease.expires_at
+        async with asyncio.timeout(scaled(15)):
+            while lease.expires_at == renewed:
+                await asyncio.sleep(0.05)
+        assert not lease.lost and not waiter.done()
+        info = await holder.lock("kept").info()
+        assert info.owner is not None and info.owner.startswith(holder.client_id)
+        # the waiter's listener reconnected to the new primary: the release wakes it
+        order.append("released")
+        await holder.lock("kept").release()
+        await asyncio.wait_for(waiter, scaled(10))
+        assert order == ["released", "waiter got it"]
+        async with holder.lock("fresh") as fresh:
+            assert fresh.token is not None
+
+
+async def test_a_hold_that_did_not_survive_the_failover_is_lost_not_continued(setup: SentinelSetup) -> None:
+    ttl = scaled(9)
+    prefix = "gone"
+    async with (
+        asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as holder,
+        asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as other,
+    ):
+        key = f"{prefix}:{{gone}}"
+        with pytest.raises(LockLost) as caught:
+            async with holder.lock("gone") as lease:
+                # the acquire "did not reach" the replica before the primary died
+                await replicated(setup.replica.port, key)
+                replica = aioredis.Redis(host="127.0.0.1", port=setup.replica.port)
+                await replica.delete(key)
+                await replica.aclose()
+                await fail_over(setup)
+                await asyncio.sleep(scaled(60))  # cancelled by the loss
+        assert lease.lost
+        # lost because the new primary answered "not the holder" at a renewal,
+        # not because renewals failed until the trusted deadline
+        assert "no longer has this hold" in str(caught.value), caught.value
+        async with other.lock("gone", ttl=scaled(1)):
+            pass
+
+
+async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSetup) -> None:
+    ttl = scaled(6)
+    prefix = "demoted"
+    old_port = setup.primary.port
+    async with asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as locks:
+        lease = await locks.lock("ro").acquire()
+        await replicated(setup.replica.port, f"{prefix}:{{ro}}")
+        new_port = await fail_over(setup)
+        # the old primary comes back (empty) as a replica of the new one
+        setup.primary.extra += ["--replicaof", "127.0.0.1", str(new_port)]
+        await asyncio.to_thread(setup.primary.restart_empty)
+        admin = aioredis.Redis(host="127.0.0.1", port=old_port)
+        try:
+            async with asyncio.timeout(scaled(30)):
+                while (await admin.info("replication"))["role"] != "slave":
+                    await asyncio.sleep(0.1)
+        finally:
+            await admin.aclose()
+        await asyncio.to_thread(setup.wait_replica_synced, setup.primary)
+
+        item = RenewItem("ro", lease._hold, ttl)
+        # the Sentinel client on a connection that still points at the demoted
+        # primary: the renewal is lost, not a success, and the next request
+        # follows the sentinels to the real primary
+        backend = sentinel_backend(locks)
+        pool = backend.client.connection_pool
+        stale = pool.make_connection()  # type: ignore[no-untyped-call]
+        await stale.connect_to(("127.0.0.1", old_port))
+        pool._available_connections.append(stale)
+        assert await backend.renew([item]) == [False]
+        assert not stale.is_connected
+        # an acquire there is "server unavailable" (retried), never a success
+        stale = pool.make_connection()  # type: ignore[no-untyped-call]
+        await stale.connect_to(("127.0.0.1", old_port))
+        pool._available_connections.append(stale)
+        with pytest.raises(BackendUnavailable, match="READONLY"):
+            await backend.try_acquire("other", "someone", ttl)
+        assert await backend.renew([item]) == [True]
+        async with asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as other:
+            with pytest.raises(LockTimeout):
+                await other.lock("ro").acquire(timeout=0)
+            await locks.lock("ro").release()
+            async with other.lock("ro"):
+                pass
