@@ -10,7 +10,11 @@ lease, one connection per hold:
   acknowledged); whatever the cancelled statement got is unlocked before the
   connection goes back to the pool, and a connection that cannot be brought
   back to a known state in time is closed (its session, and so its locks, end
-  with it).
+  with it). Waiting sessions run with ``client_connection_check_interval``
+  (PostgreSQL 14+), so the waiter of a client that crashed or closed its
+  connection leaves the queue instead of waiting on as a ghost. A wait with
+  no timeout probes the server every ttl on another connection, so a server
+  that went silent ends it with ``BackendUnavailable``.
 * The lease is the connection. Each lease connection runs with
   ``idle_session_timeout`` = ttl (PostgreSQL 14+), so a holder that hangs or is
   cut off loses its session, and its locks, a ttl after its last ping; the
