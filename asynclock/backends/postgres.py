@@ -47,6 +47,13 @@ for; several locks are never multiplexed on one connection, because a
 blocking wait occupies its session and the death of a shared session would
 take every lock on it. Session locks need a real session: do not put a
 transaction-pooling PgBouncer between asynclock and PostgreSQL.
+
+What it does not survive: advisory locks live in the primary's memory and are
+not replicated. After a failover the new primary knows no locks, while a
+holder still connected to an old primary that keeps running believes it holds
+its lock; and with asynchronous replication the promoted server may miss the
+last counter increments, so a token can repeat. Use it on one primary (or
+accept that a failover is a window where only your own fencing checks help).
 """
 
 from __future__ import annotations
