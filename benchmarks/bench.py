@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             results["herd"] = herd(runnable, servers, plan, results["skipped"])
         if "watchdog" in args.scenarios:
             results["watchdog"] = asyncio.run(watchdog(runnable, servers, plan, results["skipped"]))
+    results["load_avg_end"] = os.getloadavg()
     results["targets"] = report.targets(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

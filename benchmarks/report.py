@@ -108,7 +108,8 @@ def markdown(results: dict[str, Any]) -> str:
     libs = ", ".join(f"{k} {v}" for k, v in m["libraries"].items() if v)
     lines += [
         f"Run {results['when']}{' (--quick: smoke run, numbers not meaningful)' if results['quick'] else ''}: "
-        f"{m['cpus']} CPUs ({m['cpu_model']}), load average {m['load_avg'][0]:.1f} at the start, "
+        f"{m['cpus']} CPUs ({m['cpu_model']}), load average {m['load_avg'][0]:.1f} at the start "
+        f"and {results.get('load_avg_end', [float('nan')])[0]:.1f} at the end, "
         f"Python {m['python']}, {servers}; {libs}.",
         "",
     ]
@@ -136,8 +137,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"{plan['window']:g} s window)",
             "",
             "| subject | acq/s | handoff median ms | handoff p99 ms | longest run | share min / max "
-            "| server cmds/acq | round trips/acq |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| server cmds/acq | round trips/acq | client CPU ms/acq |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for key, row in con.items():
             cost = row.get("commands_per_acq", row.get("requests_per_acq"))
@@ -145,7 +146,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {_label(key)} | {_f(row['per_s'], 0)} | {_f(row['handoff_median_ms'])} | "
                 f"{_f(row['handoff_p99_ms'])} | {row['longest_run']} | "
                 f"{_f(row['share_min'])} / {_f(row['share_max'])} | {_f(cost, 1)} | "
-                f"{_f(row.get('round_trips_per_acq'), 1)} |"
+                f"{_f(row.get('round_trips_per_acq'), 1)} | {_f(row['client_cpu_ms_per_acq'])} |"
             )
         bad = [k for k, r in con.items() if r["overlaps"] or r["stuck"] or r["errors"]]
         for key in bad:
