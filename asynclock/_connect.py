@@ -12,9 +12,7 @@ from .abc import Backend
 #: Options that asynclock reads from a URL's query string (the rest goes to the client library).
 _OWN_OPTIONS = {"ttl", "prefix"}
 
-_PLANNED = {
-    "redis+cluster": "Redis Cluster",
-}
+_PLANNED: dict[str, str] = {}
 
 
 def connect(
@@ -33,6 +31,9 @@ def connect(
     a ``redis.asyncio.Redis`` instance     one Redis, not closed by asynclock
     ``postgresql://user@host:port/db``     PostgreSQL (also ``postgres://``)
     an ``asyncpg.Pool``                    PostgreSQL, not closed by asynclock
+    ``redlock://h1:p1,h2:p2,h3:p3``        a majority of N independent Redis primaries
+    ``redis+sentinel://s1:p1,s2:p2/name``  the Redis primary that Sentinel names
+    ``redis+cluster://h1:p1,h2:p2``        Redis Cluster (also a ``RedisCluster`` instance)
     =====================================  ===============================
 
     ``ttl`` (seconds, default 30) is the lease time the watchdog keeps renewing;
@@ -102,9 +103,16 @@ def _from_url(
         from .backends.sentinel import SentinelBackend
 
         return SentinelBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
+    if scheme == "redis+cluster":
+        from .backends.cluster import ClusterBackend
+
+        return ClusterBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
     if scheme in _PLANNED:
         raise ValueError(f"the {_PLANNED[scheme]} backend ({scheme}://) is not available in this version")
-    known = "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://, redlock://, redis+sentinel://"
+    known = (
+        "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://,"
+        " redlock://, redis+sentinel://, redis+cluster://"
+    )
     raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
 
 
@@ -121,6 +129,10 @@ def _from_client(client: Any, prefix: str | None, options: dict[str, Any] | None
         import redis.asyncio as aioredis
     except ImportError:  # pragma: no cover - depends on the environment
         aioredis = None  # type: ignore[assignment]
+    if aioredis is not None and isinstance(client, aioredis.RedisCluster):
+        from .backends.cluster import ClusterBackend
+
+        return ClusterBackend(client, prefix=chosen_prefix, owns_client=False)
     if aioredis is not None and isinstance(client, aioredis.Redis):
         from .backends.redis import RedisBackend
 

@@ -196,6 +196,7 @@ class ClusterSetup:
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", str(workdir / "nodes.conf"),
                 "--cluster-node-timeout", "2000",
+                "--cluster-port", str(free_port()),  # the default, port + 10000, may not exist
                 "--cluster-require-full-coverage", "no",
             ]  # fmt: skip
             self.servers.append(RedisServer(workdir=workdir, extra=extra))
@@ -237,6 +238,24 @@ class ClusterSetup:
                     port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
                     return next(server for server in self.servers if server.port == port)
         raise RuntimeError(f"no node serves slot {slot}")
+
+    def move_slot(self, slot: int, target: RedisServer) -> RedisServer:
+        """Migrate ``slot`` (with its keys) to ``target``, as a resharding does; the old owner."""
+        source = self.owner_of(slot)
+        assert source is not target, "the slot is already there"
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        _ask(target.port, "CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id)
+        _ask(source.port, "CLUSTER", "SETSLOT", str(slot), "MIGRATING", target_id)
+        while True:
+            keys = _ask(source.port, "CLUSTER", "GETKEYSINSLOT", str(slot), "100").split()
+            if not keys:
+                break
+            answer = _ask(source.port, "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", *keys)
+            if answer != "OK":
+                raise RuntimeError(f"MIGRATE failed: {answer}")
+        for server in [target, source, *[s for s in self.servers if s not in (source, target)]]:
+            _ask(server.port, "CLUSTER", "SETSLOT", str(slot), "NODE", target_id)
+        return source
 
     def cleanup(self) -> None:
         for server in self.servers:

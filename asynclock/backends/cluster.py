@@ -1,0 +1,403 @@
+"""Redis Cluster (``redis+cluster://h1:p1,h2:p2,…`` or a ``redis.asyncio.RedisCluster``).
+
+The single-Redis backend's keys and scripts, on a cluster client: every key
+of one lock (hash, fence counter, release channel) carries the ``{name}``
+hash tag, so each script touches one slot and the cluster client routes it
+(following MOVED and ASK when a slot migrates). Two things differ:
+
+* Renewals are grouped by slot: one script call per slot in use, sent to
+  the slots' nodes in parallel (a script may not touch keys of two slots).
+* Releases are announced with SPUBLISH on the lock's shard channel, and
+  waiters listen with SSUBSCRIBE on the node that serves that channel's slot
+  (sharded pub/sub, Redis 7 or later). When a slot moves or a node fails, the
+  server ends those subscriptions (or the connection drops); the listener
+  then asks the cluster where the slot lives now, subscribes there, and
+  wakes every local waiter once it is back, because a release may have gone
+  by unseen meanwhile.
+
+A hold lives on the primary that serves its slot. Cluster failover has the
+same hole as Sentinel: a replica promoted before it received the acquire does
+not have the key; the holder learns it at its next renewal (loss, never a
+silent continuation), but another client may have taken the lock by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+try:
+    from redis import exceptions as redis_errors
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from redis.asyncio.connection import Connection
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
+
+from .._errors import BackendUnavailable, LockError
+from .._values import LockInfo
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from .redis import RedisBackend
+
+__all__ = ["ClusterBackend"]
+
+logger = logging.getLogger("asynclock")
+
+T = TypeVar("T")
+
+# The release script of ``_redis_scripts``, announcing on the shard channel.
+# KEYS[1] lock hash, KEYS[2] release shard channel (same slot)
+# ARGV[1] hold id
+# returns 1 if released (and one message published), 0 if ARGV[1] did not hold it (no change)
+RELEASE_SHARDED = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('SPUBLISH', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+#: Errors of the cluster client that mean "not reachable right now", not "bad request".
+_UNAVAILABLE = (
+    redis_errors.RedisClusterException,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+)
+
+
+async def _guard(awaitable: Awaitable[T]) -> T:
+    """Cluster client errors (some of them not RedisError) as BackendUnavailable."""
+    try:
+        return await awaitable
+    except LockError as exc:
+        if isinstance(exc, BackendUnavailable) or not isinstance(exc.__cause__, _UNAVAILABLE):
+            raise
+        raise BackendUnavailable(f"Redis Cluster is not available: {exc.__cause__!r}") from exc.__cause__
+    except _UNAVAILABLE as exc:
+        raise BackendUnavailable(f"Redis Cluster is not available: {exc!r}") from exc
+
+
+class ClusterBackend(RedisBackend):
+    """Locks on a Redis Cluster.
+
+    Example::
+
+        async with asynclock.connect("redis+cluster://n1:7000,n2:7001,n3:7002") as locks:
+            async with locks.lock("orders:42") as lease:
+                ...
+    """
+
+    kind = "redis+cluster"
+
+    def __init__(self, client: RedisCluster, *, prefix: str = "asynclock", owns_client: bool = False) -> None:
+        super().__init__(client, prefix=prefix, owns_client=owns_client)  # type: ignore[arg-type]
+        self._cluster = client
+        self._release = client.register_script(RELEASE_SHARDED)
+        self._shards: _ShardListener | None = None
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> ClusterBackend:
+        """``redis+cluster://[:password@]h1:p1,h2:p2,…[?option=…]``: any reachable nodes of the cluster."""
+        parts = urlsplit(url)
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        nodes: list[ClusterNode] = []
+        for host in hosts.split(","):
+            name, _, port = host.strip().rpartition(":")
+            if not name or not port.isdigit():
+                raise ValueError(f"a Redis Cluster URL names its nodes as host:port, got {host!r} in {url!r}")
+            nodes.append(ClusterNode(name, int(port)))
+        kwargs: dict[str, Any] = dict(parse_qsl(parts.query))
+        for key in ("socket_timeout", "socket_connect_timeout"):
+            if key in kwargs:
+                kwargs[key] = float(kwargs[key])
+        if userinfo:
+            user, _, password = userinfo.partition(":")
+            if user:
+                kwargs["username"] = user
+            if password:
+                kwargs["password"] = password
+        kwargs.update(options)
+        client = RedisCluster(startup_nodes=nodes, **kwargs)
+        return cls(client, prefix=prefix, owns_client=True)
+
+    @property
+    def cluster(self) -> RedisCluster:
+        return self._cluster
+
+    @property
+    def shards(self) -> _ShardListener | None:
+        """The sharded pub/sub listener (for tests)."""
+        return self._shards
+
+    async def start(self, hooks: BackendHooks) -> None:
+        self._shards = _ShardListener(self._cluster, hooks, self.channel)
+
+    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
+        return await _guard(super().try_acquire(name, hold, ttl))
+
+    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+        return await _guard(super().set_count(name, hold, count, ttl))
+
+    async def release(self, name: str, hold: str) -> bool:
+        return await _guard(super().release(name, hold))
+
+    async def info(self, name: str) -> LockInfo:
+        return await _guard(super().info(name))
+
+    async def names(self) -> list[str]:
+        return await _guard(super().names())
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        """One script call per slot, all slots in parallel."""
+        groups: dict[int, list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault(self._cluster.keyslot(self.lock_key(item.name)), []).append(index)
+
+        async def renew_slot(indexes: list[int]) -> list[bool | BaseException]:
+            try:
+                return await RedisBackend.renew(self, [items[i] for i in indexes])
+            except _UNAVAILABLE as exc:
+                return [BackendUnavailable(f"Redis Cluster is not available: {exc!r}")] * len(indexes)
+
+        answers = await asyncio.gather(*(renew_slot(indexes) for indexes in groups.values()))
+        results: list[bool | BaseException] = [False] * len(items)
+        for indexes, answer in zip(groups.values(), answers, strict=True):
+            for index, result in zip(indexes, answer, strict=True):
+                results[index] = result
+        return results
+
+    async def subscribe(self, name: str) -> None:
+        assert self._shards is not None, "start() first"
+        await self._shards.subscribe(name)
+
+    async def unsubscribe(self, name: str) -> None:
+        if self._shards is not None:
+            await self._shards.unsubscribe(name)
+
+    async def aclose(self) -> None:
+        if self._shards is not None:
+            await self._shards.aclose()
+            self._shards = None
+        await super().aclose()
+
+
+class _ShardListener:
+    """Sharded pub/sub: one connection per node that serves a wanted channel."""
+
+    def __init__(self, cluster: RedisCluster, hooks: BackendHooks, channel_of: Any) -> None:
+        self._cluster = cluster
+        self._hooks = hooks
+        self._channel_of = channel_of
+        self._names: dict[bytes, str] = {}  # wanted channel -> lock name
+        self._shards: dict[str, _Shard] = {}  # node name -> its connection
+        self._refreshing: asyncio.Task[None] | None = None
+        self.moves = 0  # channels the server dropped or we moved to another node (tests)
+
+    def node_for(self, channel: bytes) -> ClusterNode:
+        """The primary that serves ``channel``'s slot, as the client's slot map says."""
+        node = self._cluster.get_node_from_key(channel.decode())
+        if node is None:
+            raise redis_errors.SlotNotCoveredError(f"no node serves {channel!r}")
+        return node
+
+    def _shard(self, node: ClusterNode) -> _Shard:
+        shard = self._shards.get(node.name)
+        if shard is None:
+            shard = self._shards[node.name] = _Shard(self, node)
+        return shard
+
+    async def subscribe(self, name: str) -> None:
+        channel = self._channel_of(name).encode()
+        self._names[channel] = name
+        try:
+            node = self.node_for(channel)
+        except _UNAVAILABLE as exc:
+            logger.info("no node for %r yet, will subscribe after a refresh: %r", name, exc)
+            self.reroute()
+            return
+        await self._shard(node).subscribe(channel)
+
+    async def unsubscribe(self, name: str) -> None:
+        channel = self._channel_of(name).encode()
+        self._names.pop(channel, None)
+        for shard in self._shards.values():
+            if channel in shard.channels:
+                await shard.unsubscribe(channel)
+
+    def message(self, channel: bytes) -> None:
+        name = self._names.get(channel)
+        if name is not None:
+            self._hooks.wake_one(name)
+
+    def wake_all(self) -> None:
+        self._hooks.wake_all()
+
+    def reroute(self) -> None:
+        """A shard lost channels (slot moved, node gone): find their nodes again."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._reroute(), name="asynclock-cluster-reroute")
+
+    async def _reroute(self) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await self._cluster.nodes_manager.initialize()
+                placed = True
+                for channel in list(self._names):
+                    node = self.node_for(channel)
+                    owner = self._shard(node)
+                    for shard in self._shards.values():
+                        if shard is not owner and channel in shard.channels:
+                            shard.channels.discard(channel)
+                            self.moves += 1
+                    if channel not in owner.channels:
+                        confirmed = await owner.subscribe(channel)
+                        placed = placed and confirmed
+                if placed:
+                    # a release may have passed while the channel was not subscribed anywhere
+                    self._hooks.wake_all()
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: try again later
+                logger.info("redis cluster pub/sub: cannot place channels yet: %r", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def aclose(self) -> None:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refreshing
+        await asyncio.gather(*(shard.aclose() for shard in self._shards.values()))
+        self._shards.clear()
+
+
+class _Shard:
+    """One node's SSUBSCRIBE connection: reconnects, and hands moved channels back."""
+
+    def __init__(self, owner: _ShardListener, node: ClusterNode) -> None:
+        self._owner = owner
+        self._node = node
+        self.channels: set[bytes] = set()
+        self._pending: dict[bytes, list[asyncio.Future[bool]]] = {}
+        self._leaving: set[bytes] = set()  # channels we unsubscribe ourselves
+        self._conn: Any = None
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._resubscribing: set[bytes] = set()
+
+    def _ensure_task(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="asynclock-cluster-pubsub")
+
+    async def subscribe(self, channel: bytes) -> bool:
+        """Subscribe here; True once the node confirmed, False if it did not (rerouted later)."""
+        self.channels.add(channel)
+        self._leaving.discard(channel)
+        self._ensure_task()
+        conn = self._conn
+        if conn is None or not self._connected.is_set():
+            return False  # subscribed (and waiters woken) once connected
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(channel, []).append(future)
+        try:
+            await conn.send_command("SSUBSCRIBE", channel)
+        except (redis_errors.RedisError, OSError) as exc:
+            logger.debug("SSUBSCRIBE failed, the shard will reconnect: %r", exc)
+            return False
+        return await future
+
+    async def unsubscribe(self, channel: bytes) -> None:
+        self.channels.discard(channel)
+        conn = self._conn
+        if conn is not None and self._connected.is_set():
+            self._leaving.add(channel)
+            with contextlib.suppress(redis_errors.RedisError, OSError):
+                await conn.send_command("SUNSUBSCRIBE", channel)
+
+    async def _run(self) -> None:
+        delay = 0.02
+        while True:
+            conn = None
+            try:
+                kwargs = {
+                    key: value
+                    for key, value in self._node.connection_kwargs.items()
+                    if key != "retry" and not key.startswith(("maint_notifications", "orig_"))
+                }
+                kwargs.update(socket_timeout=None, decode_responses=False, protocol=2)
+                conn = Connection(**kwargs)
+                await conn.connect()  # type: ignore[no-untyped-call]
+                self._conn = conn
+                self._connected.set()
+                # channels (re)subscribed here after a gap: wake everyone once confirmed
+                self._resubscribing = set(self.channels)
+                if self.channels:
+                    await conn.send_command("SSUBSCRIBE", *self.channels)
+                while True:
+                    message = await conn.read_response(timeout=math.inf)
+                    delay = 0.02
+                    self._handle(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: reconnect (the node may be gone)
+                logger.info("redis cluster pub/sub connection to %s lost: %r", self._node.name, exc)
+            finally:
+                self._connected.clear()
+                self._conn = None
+                self._settle(False)
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.disconnect()
+            if self.channels:
+                self._owner.reroute()  # the slot may live elsewhere now
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _settle(self, value: bool, channel: bytes | None = None) -> None:
+        targets = [channel] if channel is not None else list(self._pending)
+        for key in targets:
+            futures = self._pending.pop(key, []) if channel is None else self._pending.get(key, [])
+            while futures:
+                future = futures.pop(0)
+                if not future.done():
+                    future.set_result(value)
+                if channel is not None:
+                    break
+
+    def _handle(self, message: Any) -> None:
+        if not isinstance(message, list) or len(message) < 3:
+            return
+        kind, channel = message[0], message[1]
+        if kind == b"smessage":
+            self._owner.message(channel)
+        elif kind == b"ssubscribe":
+            self._settle(True, channel)
+            if channel in self._resubscribing:
+                self._resubscribing.discard(channel)
+                self._owner.wake_all()
+        elif kind == b"sunsubscribe":
+            if channel in self._leaving:
+                self._leaving.discard(channel)
+            elif channel in self.channels:
+                # the server dropped it: its slot moved to another node
+                self.channels.discard(channel)
+                self._owner.moves += 1
+                self._owner.reroute()
+        elif isinstance(kind, bytes) and kind.startswith(b"-"):
+            self._owner.reroute()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,181 @@
+"""Redis Cluster: a real three-primary cluster made by the fixtures.
+
+The whole contract suite runs here too (the ``harness`` fixture below
+overrides the per-backend one), then what only a cluster has: renewals
+grouped by slot, wake-ups by sharded pub/sub, and a slot that moves to
+another node while its lock is held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode
+
+import asynclock
+from asynclock.abc import RenewItem
+from asynclock.backends.cluster import ClusterBackend
+from tests import test_contract as contract
+from tests.harness import Harness
+from tests.servers import scaled
+from tests.servers.redis_topologies import ClusterSetup
+
+pytestmark = pytest.mark.anyio
+
+# The contract suite, on the cluster (collected here with this module's ``harness``).
+globals().update({name: getattr(contract, name) for name in dir(contract) if name.startswith("test_")})
+
+
+class ClusterHarness(Harness):
+    kind = "redis+cluster"
+    can_pause = True
+
+    def __init__(self, cluster: ClusterSetup) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.admin = aioredis.RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", s.port) for s in cluster.servers])
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url
+
+    async def expire(self, name: str) -> bool:
+        return bool(await self.admin.delete(f"{self.prefix}:{{{name}}}"))
+
+    async def keys(self) -> list[str]:
+        return [k.decode() async for k in self.admin.scan_iter(match=f"{self.prefix}:*")]
+
+    async def leftovers(self) -> list[str]:
+        return [key for key in await self.keys() if not key.endswith(":fence")]
+
+    async def close(self) -> None:
+        for key in await self.keys():
+            await self.admin.delete(key)
+        await self.admin.aclose()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterSetup]:
+    setup = ClusterSetup(3)
+    try:
+        setup.start()
+        yield setup
+    finally:
+        setup.cleanup()
+
+
+@pytest.fixture
+async def harness(cluster: ClusterSetup) -> AsyncIterator[ClusterHarness]:
+    h = ClusterHarness(cluster)
+    async with h:
+        yield h
+
+
+def cluster_backend(locks: asynclock.Locks) -> ClusterBackend:
+    backend = locks.backend
+    assert isinstance(backend, ClusterBackend)
+    return backend
+
+
+async def script_calls(cluster: ClusterSetup) -> int:
+    """EVALSHA calls served by all nodes so far."""
+    total = 0
+    for server in cluster.servers:
+        admin = aioredis.Redis(host="127.0.0.1", port=server.port)
+        try:
+            stats = await admin.info("commandstats")
+        finally:
+            await admin.aclose()
+        total += int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return total
+
+
+async def shard_channels(node: aioredis.Redis) -> list[bytes]:
+    answer = await node.execute_command("PUBSUB", "SHARDCHANNELS")  # type: ignore[no-untyped-call]
+    return list(answer)
+
+
+def test_url_and_client_select_the_cluster_backend(cluster: ClusterSetup) -> None:
+    assert isinstance(asynclock.connect(cluster.url).backend, ClusterBackend)
+    client = aioredis.RedisCluster(host="127.0.0.1", port=cluster.servers[0].port)
+    assert isinstance(asynclock.connect(client).backend, ClusterBackend)
+    with pytest.raises(ValueError, match="host:port"):
+        asynclock.connect("redis+cluster://nohost")
+
+
+async def test_renewals_are_one_script_call_per_slot(harness: ClusterHarness, cluster: ClusterSetup) -> None:
+    locks = harness.connect(ttl=scaled(30))
+    backend = cluster_backend(locks)
+    names = [f"slot-{i}" for i in range(12)]
+    leases = [await locks.lock(name).acquire() for name in names]
+    slots = {backend.cluster.keyslot(backend.lock_key(name)) for name in names}
+    assert len(slots) > 3, "the names should spread over several slots (and nodes)"
+    items = [RenewItem(lease.name, lease._hold, scaled(30)) for lease in leases]
+    assert await backend.renew(items) == [True] * len(items)  # loads the script on every node
+    before = await script_calls(cluster)
+    assert await backend.renew(items) == [True] * len(items)
+    assert await script_calls(cluster) - before == len(slots)
+    # not the holder any more in one slot: only that item says so
+    await harness.expire(names[0])
+    assert await backend.renew(items) == [False] + [True] * (len(items) - 1)
+
+
+async def test_a_waiter_is_woken_by_a_sharded_release(harness: ClusterHarness) -> None:
+    holder = harness.connect(ttl=scaled(20))
+    waiter = harness.connect(ttl=scaled(20))
+    order: list[str] = []
+    await holder.lock("wake").acquire()
+
+    async def wait_for_it() -> None:
+        async with waiter.lock("wake"):
+            order.append("waiter got it")
+
+    task = asyncio.create_task(wait_for_it())
+    await asyncio.sleep(0.2)
+    assert not task.done()
+    order.append("released")
+    await holder.lock("wake").release()
+    await asyncio.wait_for(task, scaled(5))  # far sooner than the holder's 20 s lease
+    assert order == ["released", "waiter got it"]
+
+
+async def test_a_slot_that_moves_during_a_hold(harness: ClusterHarness, cluster: ClusterSetup) -> None:
+    holder = harness.connect(ttl=scaled(20))
+    waiter = harness.connect(ttl=scaled(20))
+    lease = await holder.lock("moving").acquire()
+    backend = cluster_backend(holder)
+    slot = backend.cluster.keyslot(backend.lock_key("moving"))
+    channel = backend.channel("moving")
+    order: list[str] = []
+
+    async def wait_for_it() -> None:
+        async with waiter.lock("moving"):
+            order.append("waiter got it")
+
+    task = asyncio.create_task(wait_for_it())
+    await asyncio.sleep(0.2)
+    source = cluster.owner_of(slot)
+    target = next(server for server in cluster.servers if server is not source)
+    await asyncio.to_thread(cluster.move_slot, slot, target)
+    assert cluster.owner_of(slot) is target
+    # the renewal meets MOVED and follows the slot; the hold moved with it
+    assert await backend.renew([RenewItem("moving", lease._hold, scaled(20))]) == [True]
+    new_node = aioredis.Redis(host="127.0.0.1", port=target.port)
+    try:
+        assert await new_node.exists(backend.lock_key("moving")) == 1
+        # the waiter's client was unsubscribed by the old node and subscribed on the new one
+        async with asyncio.timeout(scaled(10)):
+            while channel.encode() not in await shard_channels(new_node):
+                await asyncio.sleep(0.02)
+    finally:
+        await new_node.aclose()
+    shards = cluster_backend(waiter).shards
+    assert shards is not None and shards.moves >= 1
+    assert not task.done() and not lease.lost
+    order.append("released")
+    await holder.lock("moving").release()
+    await asyncio.wait_for(task, scaled(5))  # woken by SPUBLISH on the new node, not by the 20 s lease
+    assert order == ["released", "waiter got it"]
