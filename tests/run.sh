@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# Sentinel failovers and the Cluster tests start redis-sentinel and create the cluster with redis-cli
+command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 # PostgreSQL: Debian keeps initdb/postgres in /usr/lib/postgresql/<version>/bin
 if ! { command -v initdb && command -v postgres; } >/dev/null 2>&1 \
     && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
