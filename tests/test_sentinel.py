@@ -1,11 +1,15 @@
 """Redis through Sentinel: a real primary, a replica and three sentinels, and
 real failovers (the primary is killed, the sentinels promote the replica).
+
+The contract suite runs here too, on a topology shared by the module (the
+``harness`` fixture below overrides the per-backend one); the failover
+tests each start a topology of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,10 +18,46 @@ import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.abc import RenewItem
 from asynclock.backends.sentinel import SentinelBackend
+from tests import test_contract as contract
+from tests.harness import RedisHarness
 from tests.servers import scaled
 from tests.servers.redis_topologies import SentinelSetup
 
 pytestmark = pytest.mark.anyio
+
+# The contract suite, through the sentinels (collected here with this module's ``harness``).
+globals().update({name: getattr(contract, name) for name in dir(contract) if name.startswith("test_")})
+
+
+class SentinelHarness(RedisHarness):
+    """The Redis harness, connecting through the sentinels; faults go to the primary."""
+
+    kind = "redis+sentinel"
+
+    def __init__(self, setup: SentinelSetup) -> None:
+        super().__init__(setup.primary)
+        self.setup = setup
+
+    @property
+    def url(self) -> str:
+        return self.setup.url
+
+
+@pytest.fixture(scope="module")
+def shared_setup() -> Iterator[SentinelSetup]:
+    group = SentinelSetup()
+    try:
+        group.start()
+        yield group
+    finally:
+        group.cleanup()
+
+
+@pytest.fixture
+async def harness(shared_setup: SentinelSetup) -> AsyncIterator[SentinelHarness]:
+    h = SentinelHarness(shared_setup)
+    async with h:
+        yield h
 
 
 @pytest.fixture
