@@ -46,10 +46,11 @@ class Plan:
     watchdog: tuple[int, ...]
     watchdog_ttl: float
     watchdog_periods: int
+    repeats: int  # contended runs per subject, in passes over all subjects; the best by throughput is kept
 
 
-FULL = Plan(2000, 5, 50, 8, 4, 3.0, 0.001, (8, 64), 1.5, (1000, 10000), 3.0, 3)
-QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2)
+FULL = Plan(2000, 5, 50, 8, 4, 2.5, 0.001, (8, 64), 1.5, (1000, 10000), 3.0, 3, 2)
+QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2, 1)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -290,20 +291,31 @@ def _contended_run(
 
 
 def contended(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:
+    """Each subject ``plan.repeats`` times, in passes over all subjects (so a burst of load on
+    the machine hits one pass, not one subject); the pass with the best throughput is kept."""
     out: dict[str, Any] = {}
-    for subject in subjects:
-        if not subject.contended:
-            continue
-        # memory:// is one process's lock table: all its workers live in one process
-        procs = 1 if subject.backend == "memory" else plan.procs
-        log(f"contended: {subject.key}, {plan.workers} workers over {procs} processes")
-        try:
-            out[subject.key] = _contended_run(
-                subject, servers, f"contended-{subject.key}", plan.workers, procs, plan.window, plan.hold
-            )
-        except Exception as exc:  # noqa: BLE001 - reported in the table
-            skipped[f"contended:{subject.key}"] = f"failed: {str(exc).strip().splitlines()[-1][:200]}"
-            log(f"contended {subject.key} failed: {exc}")
+    for attempt in range(plan.repeats):
+        for subject in subjects:
+            if not subject.contended or f"contended:{subject.key}" in skipped:
+                continue
+            # memory:// is one process's lock table: all its workers live in one process
+            procs = 1 if subject.backend == "memory" else plan.procs
+            log(f"contended ({attempt + 1}/{plan.repeats}): {subject.key}, {plan.workers} workers, {procs} processes")
+            try:
+                row = _contended_run(
+                    subject, servers, f"contended-{subject.key}-{attempt}", plan.workers, procs, plan.window, plan.hold
+                )
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                skipped[f"contended:{subject.key}"] = f"failed: {str(exc).strip().splitlines()[-1][:200]}"
+                log(f"contended {subject.key} failed: {exc}")
+                out.pop(subject.key, None)
+                continue
+            best = out.get(subject.key)
+            runs = [*(best["runs_per_s"] if best else []), row["per_s"]]
+            if best is None or row["per_s"] > best["per_s"]:
+                best = row
+            best["runs_per_s"] = runs
+            out[subject.key] = best
     return out
 
 
