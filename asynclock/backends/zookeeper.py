@@ -277,9 +277,10 @@ class ZooKeeperBackend:
         if node is None:
             return False
         session = self._session
-        loop = asyncio.get_running_loop()
-        if not self._alive(node) or self._closed or loop.time() >= session.confirmed_at + session.timeout:
-            # closed, or the server may have expired the session: its nodes are gone
+        if not self._alive(node) or self._closed:
+            # the session is known to be over (expired or closed): so are its nodes.
+            # Past its timeout is not enough: until the server has expired it, any
+            # request (a ping) revives it, and the node would then stay forever.
             self._forget(node)
             return False
         node.releasing = True
