@@ -9,7 +9,7 @@ drop connections).
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -38,6 +38,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test: no pending asynclock task, no "Task exception was never
+    retrieved", and the session redis-server and ZooKeeper back to their
+    connection counts."""
+    from tests.faults import hygiene
+
+    if "anyio_backend" in request.fixturenames:
+        request.getfixturevalue("_no_pending_asynclock_tasks")
+    callspec = getattr(request.node, "callspec", None)
+    backend = callspec.params.get("harness") if callspec is not None else None
+    counters: dict[str, Callable[[], int]] = {}
+    if "redis_server" in request.fixturenames or backend == "redis":
+        url = request.getfixturevalue("redis_server").url
+        counters["redis-server"] = lambda: hygiene.redis_connections(url)
+    if "zookeeper_server" in request.fixturenames or backend == "zookeeper":
+        port = request.getfixturevalue("zookeeper_server").port
+        counters["ZooKeeper"] = lambda: hygiene.zookeeper_connections(port)
+    baselines = {name: count() for name, count in counters.items()}
+    with hygiene.NeverRetrieved() as never_retrieved:
+        yield
+    problems = [f"asyncio: {found}" for found in never_retrieved.found]
+    for name, count in counters.items():
+        now = hygiene.wait_connections(count, baselines[name])
+        if now > baselines[name]:
+            problems.append(f"{name} has {now} client connections after the test, {baselines[name]} before")
+    if problems:
+        pytest.fail("hygiene: " + "; ".join(problems))
+
+
+@pytest.fixture
+async def _no_pending_asynclock_tasks() -> AsyncIterator[None]:
+    """Set up before the test's other async fixtures, so it checks after their teardown."""
+    from tests.faults import hygiene
+
+    yield
+    left = await hygiene.pending_asynclock_tasks()
+    if left:
+        pytest.fail(f"hygiene: asynclock tasks still pending after the test: {left}")
 
 
 @pytest.fixture(scope="session")

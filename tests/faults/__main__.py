@@ -1,0 +1,120 @@
+"""The torture command: run every fault scenario that applies, over and over.
+
+    python -m tests.faults --minutes 5                       # own redis-server(s)
+    python -m tests.faults --url redis://127.0.0.1:6379/0 --minutes 5
+    python -m tests.faults --url zk://127.0.0.1:2181 --url postgresql://me@127.0.0.1/db
+
+Without ``--url`` it starts a redis-server of its own (it needs
+``redis-server`` on PATH) and runs every scenario, server faults included.
+With ``--url`` it only injects faults into what it owns: its worker
+processes (kill, freeze, cancel) and, for a server on 127.0.0.1, a TCP proxy
+in front of it (partition, latency); on Redis it also kills pub/sub
+connections and flushes the script cache (harmless to correct clients, but
+use a server of your own). The fenced store is a redis-server of its own
+unless ``--store`` names one. It prints one line per scenario run and the
+totals; the exit status is 1 if any violation was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.faults.checker import Verdict
+from tests.faults.runner import Target, target_for
+from tests.faults.scenarios import SCENARIOS, Outcome, Settings
+from tests.servers import RedisServer
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", action="append", default=[], help="lock service to torture (repeatable)")
+    parser.add_argument("--store", help="redis URL for the fenced store (default: a redis-server of its own)")
+    parser.add_argument("--minutes", type=float, default=5.0, help="total running time (default 5)")
+    parser.add_argument("--workers", type=int, default=6, help="worker processes per scenario (default 6)")
+    parser.add_argument("--ttl", type=float, default=1.0, help="lease ttl in seconds (default 1)")
+    parser.add_argument("--round", type=float, default=20.0, help="seconds per scenario run (default 20)")
+    parser.add_argument("--scenario", action="append", default=[], help="only these scenarios (repeatable)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+async def torture(args: argparse.Namespace) -> int:
+    owned: list[RedisServer] = []
+    targets: list[Target] = []
+    try:
+        if args.store:
+            store_url = args.store
+        else:
+            store = RedisServer()
+            store.start()
+            owned.append(store)
+            store_url = store.url
+        if args.url:
+            targets = [target_for(url) for url in args.url]
+        else:
+            server = RedisServer()
+            server.start()
+            owned.append(server)
+            targets = [target_for(server.url, server)]
+        return await _rounds(args, targets, store_url)
+    finally:
+        for target in targets:
+            with contextlib.suppress(Exception):
+                await target.aclose()
+        for server in owned:
+            server.cleanup()
+
+
+async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: str) -> int:
+    settings = Settings(
+        workers=args.workers, duration=args.round, ttl=args.ttl, faults=10_000, seed=args.seed, margin=1.0
+    )
+    plan = [
+        (target, scenario)
+        for target in targets
+        for scenario in SCENARIOS
+        if scenario.applies(target) and (not args.scenario or scenario.name in args.scenario)
+    ]
+    if not plan:
+        print("no scenario applies", file=sys.stderr)
+        return 2
+    total = Verdict()
+    faults = 0
+    runs = 0
+    started = time.monotonic()
+    end = started + args.minutes * 60
+    with tempfile.TemporaryDirectory(prefix="asynclock-torture-") as workdir:
+        while time.monotonic() < end:
+            for target, scenario in plan:
+                if time.monotonic() >= end:
+                    break
+                settings.seed += 1
+                outcome: Outcome = await scenario.run(target, store_url, Path(workdir), settings)
+                runs += 1
+                faults += outcome.faults
+                total.merge(outcome.verdict)
+                print(outcome.line(), flush=True)
+                for violation in outcome.verdict.violations:
+                    print(f"    VIOLATION {violation}", flush=True)
+    minutes = (time.monotonic() - started) / 60
+    print(
+        f"\n{runs} scenario runs in {minutes:.1f} min: {total.operations} operations "
+        f"({total.sections} critical sections, {total.cancelled_ops} cancelled), {faults} faults injected, "
+        f"{total.losses} leases lost, {total.refused} stale operations refused, "
+        f"{len(total.violations)} violations"
+    )
+    return 1 if total.violations else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(torture(parse(sys.argv[1:] if argv is None else argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

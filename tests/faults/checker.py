@@ -1,0 +1,233 @@
+"""The checker: reads the workers' journals and the fenced store, finds violations.
+
+Invariants, for one lock contended by many processes:
+
+1. **Mutual exclusion**: no two critical sections overlap in real time, except
+   where the older one was exposed to a fault that the lease cannot survive
+   (its process frozen past the ttl, the server restarted empty under it): a
+   *stale window*. A killed holder's section ends when SIGKILL was sent.
+2. **Token order**: ordered by their start, sections carry strictly increasing
+   fencing tokens (overlapping ones included: the newer holder has the higher token).
+3. **Nothing lost**: the store's counter equals its number of accepted writes
+   (every accepted write was a read-modify-write of the latest value), the
+   accepted operations came in non-decreasing token order, and the workers'
+   own accounts agree with the store's count.
+4. **Refusals only where expected**: the store refused an operation only from
+   a section in a stale window (anything else means a token went backwards).
+5. Whatever a worker itself flagged (a hold left behind after a cancellation,
+   an operation stuck past its bound), and any worker that died unasked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.faults.store import StoreState
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    worker: int
+    sid: int
+    start: float
+    end: float
+    token: int
+    read: str | None
+    write: str | None
+    outcome: str
+    #: the process was killed inside it (its end is when SIGKILL was sent)
+    killed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StaleWindow:
+    """A fault during which an older holder may overlap a newer one."""
+
+    start: float
+    end: float
+    #: only sections of this worker are exposed (None: any worker's)
+    worker: int | None = None
+
+    def exposes(self, section: Section) -> bool:
+        if self.worker is not None and section.worker != self.worker:
+            return False
+        return section.start <= self.end and section.end >= self.start
+
+
+@dataclass
+class WorkerLog:
+    """One worker's journal, parsed."""
+
+    index: int
+    sections: list[Section] = field(default_factory=list)
+    open_starts: dict[int, tuple[float, int]] = field(default_factory=dict)
+    #: planned hold time of each open section
+    planned: dict[int, float] = field(default_factory=dict)
+    cancelled: int = 0
+    unavailable: int = 0
+    failed: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    done: bool = False
+    pid: int | None = None
+    client: str | None = None
+
+    @classmethod
+    def read(cls, index: int, path: Path) -> WorkerLog:
+        log = cls(index)
+        if not path.exists():
+            return log
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                event: dict[str, Any] = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by SIGKILL
+            log.add(event)
+        return log
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event.get("ev")
+        if kind == "ready":
+            self.pid, self.client = event["pid"], event["client"]
+        elif kind == "start":
+            self.open_starts[event["sid"]] = (event["t"], event["token"])
+            self.planned[event["sid"]] = float(event.get("hold", 0.0))
+        elif kind == "section":
+            self.open_starts.pop(event["sid"], None)
+            self.planned.pop(event["sid"], None)
+            self.sections.append(
+                Section(
+                    self.index,
+                    event["sid"],
+                    event["start"],
+                    event["end"],
+                    int(event["token"]),
+                    event["read"],
+                    event["write"],
+                    event["outcome"],
+                )
+            )
+        elif kind == "cancelled":
+            self.cancelled += 1
+        elif kind == "unavailable":
+            self.unavailable += 1
+        elif kind == "failed":
+            self.failed.append(event["outcome"])
+        elif kind == "violation":
+            self.violations.append(event["what"])
+        elif kind == "done":
+            self.done = True
+
+    def close_killed(self, killed_at: float) -> None:
+        """Sections open when the process was killed end when SIGKILL was sent."""
+        for sid, (start, token) in sorted(self.open_starts.items()):
+            self.sections.append(Section(self.index, sid, start, killed_at, token, "?", "?", "killed", killed=True))
+        self.open_starts.clear()
+
+
+@dataclass
+class Verdict:
+    """What a run proved (or not)."""
+
+    sections: int = 0
+    cancelled_ops: int = 0
+    unavailable: int = 0
+    losses: int = 0
+    refused: int = 0
+    accepted_writes: int = 0
+    overlaps_allowed: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def operations(self) -> int:
+        return self.sections + self.cancelled_ops + self.unavailable
+
+    def merge(self, other: Verdict) -> None:
+        self.sections += other.sections
+        self.cancelled_ops += other.cancelled_ops
+        self.unavailable += other.unavailable
+        self.losses += other.losses
+        self.refused += other.refused
+        self.accepted_writes += other.accepted_writes
+        self.overlaps_allowed += other.overlaps_allowed
+        self.violations += other.violations
+
+
+def check(
+    logs: Sequence[WorkerLog],
+    store: StoreState,
+    stale: Iterable[StaleWindow] = (),
+    *,
+    killed: Iterable[int] = (),
+) -> Verdict:
+    """Check every invariant over a finished run; ``killed``: indexes of workers killed on purpose."""
+    stale = list(stale)
+    killed = set(killed)
+    verdict = Verdict()
+    sections: list[Section] = []
+    for log in logs:
+        sections += log.sections
+        verdict.cancelled_ops += log.cancelled
+        verdict.unavailable += log.unavailable
+        verdict.violations += [f"worker {log.index}: {what}" for what in log.violations]
+        verdict.violations += [f"worker {log.index}: section failed: {what}" for what in log.failed]
+        if not log.done and log.index not in killed:
+            verdict.violations.append(f"worker {log.index} did not finish its run")
+        if log.open_starts:
+            verdict.violations.append(f"worker {log.index}: sections without an end {sorted(log.open_starts)}")
+    sections.sort(key=lambda s: s.start)
+    verdict.sections = len(sections)
+    verdict.losses = sum(1 for s in sections if s.outcome == "lost")
+
+    def exposed(section: Section) -> bool:
+        return any(window.exposes(section) for window in stale)
+
+    # 1 and 2: overlaps and token order
+    for i, first in enumerate(sections):
+        for second in sections[i + 1 :]:
+            if second.start >= first.end:
+                break
+            if exposed(first):
+                verdict.overlaps_allowed += 1
+            else:
+                verdict.violations.append(
+                    f"overlap: worker {first.worker} section {first.sid} [{first.start:.4f}, {first.end:.4f}] "
+                    f"token {first.token} and worker {second.worker} section {second.sid} started "
+                    f"{second.start:.4f} token {second.token}"
+                )
+    for before, after in itertools.pairwise(sections):
+        if after.token <= before.token:
+            verdict.violations.append(
+                f"token order: worker {before.worker} section {before.sid} started {before.start:.4f} with token "
+                f"{before.token}, then worker {after.worker} section {after.sid} at {after.start:.4f} "
+                f"with token {after.token}"
+            )
+
+    # 3: the store
+    verdict.accepted_writes = store.accepted_writes
+    verdict.refused = store.refused
+    if store.counter != store.accepted_writes:
+        verdict.violations.append(f"lost update: counter {store.counter} after {store.accepted_writes} accepted writes")
+    tokens = [token for _, token, _ in store.log]
+    if any(b < a for a, b in itertools.pairwise(tokens)):
+        verdict.violations.append("the store accepted an operation with a lower token than an earlier one")
+    recorded_ok = sum(1 for s in sections if s.write == "ok")
+    unknown = sum(1 for s in sections if s.write in ("sent", "?") or s.read in ("sent", "?"))
+    if not recorded_ok <= store.accepted_writes <= recorded_ok + unknown:
+        verdict.violations.append(
+            f"the workers saw {recorded_ok} accepted writes (+{unknown} unknown), the store {store.accepted_writes}"
+        )
+
+    # 4: refusals
+    refused_sections = [s for s in sections if "refused" in (s.read, s.write)]
+    for section in refused_sections:
+        if not exposed(section):
+            verdict.violations.append(
+                f"refused op from worker {section.worker} section {section.sid} (token {section.token}) "
+                "outside any stale window"
+            )
+    return verdict

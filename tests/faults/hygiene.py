@@ -1,0 +1,107 @@
+"""Hygiene checks run after every test (by an autouse fixture in ``tests/conftest.py``).
+
+* no asyncio task of asynclock still pending when the test's event loop is
+  done with the test (tasks named ``asynclock-*``, or whose coroutine is
+  defined in the ``asynclock`` package);
+* no "Task exception was never retrieved" logged by asyncio;
+* the session redis-server and ZooKeeper server have no more client
+  connections than before the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import CoroutineType
+from typing import Any
+
+import asynclock
+
+_PACKAGE = str(Path(asynclock.__file__).resolve().parent)
+
+
+def _code_file(coro: Any) -> str:
+    code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+    return str(Path(code.co_filename).resolve()) if code is not None else ""
+
+
+def is_asynclock_task(task: asyncio.Task[Any]) -> bool:
+    if task.get_name().startswith("asynclock-"):
+        return True
+    coro = task.get_coro()
+    return isinstance(coro, CoroutineType) and _code_file(coro).startswith(_PACKAGE)
+
+
+def describe(task: asyncio.Task[Any]) -> str:
+    coro = task.get_coro()
+    where = getattr(coro, "__qualname__", repr(coro))
+    frame = getattr(coro, "cr_frame", None)
+    line = f":{frame.f_lineno}" if frame is not None else ""
+    return f"{task.get_name()} running {where}{line}"
+
+
+async def pending_asynclock_tasks(grace: float = 0.5) -> list[str]:
+    """asynclock's tasks still pending in the running loop after ``grace`` seconds."""
+    me = asyncio.current_task()
+    deadline = time.monotonic() + grace
+    while True:
+        left = [t for t in asyncio.all_tasks() if t is not me and not t.done() and is_asynclock_task(t)]
+        if not left or time.monotonic() >= deadline:
+            return [describe(t) for t in left]
+        await asyncio.sleep(0.02)
+
+
+class NeverRetrieved(logging.Handler):
+    """Collects asyncio's "exception was never retrieved" reports."""
+
+    def __init__(self, logger: str = "asyncio") -> None:
+        super().__init__(logging.ERROR)
+        self.logger = logging.getLogger(logger)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "never retrieved" in message:
+            detail = f"{message}: {record.exc_info[1]!r}" if record.exc_info else message
+            self.found.append(detail)
+
+    def __enter__(self) -> NeverRetrieved:
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.collect()  # an abandoned task reports its exception when collected
+        self.logger.removeHandler(self)
+
+
+def redis_connections(url: str) -> int:
+    """Client connections of a redis-server, not counting the one asking."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return len(client.client_list()) - 1
+    finally:
+        client.close()
+
+
+def zookeeper_connections(port: int) -> int:
+    """Client connections of a ZooKeeper server (``cons``), not counting the one asking."""
+    from tests.servers.zookeeper import four_letter
+
+    lines = four_letter(port, b"cons").decode(errors="replace").splitlines()
+    return sum(1 for line in lines if "queued=" in line) - 1
+
+
+def wait_connections(count: Callable[[], int], baseline: int, timeout: float = 3.0) -> int:
+    """Wait until a server is back to ``baseline`` connections; the last count seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = count()
+        if now <= baseline or time.monotonic() >= deadline:
+            return now
+        time.sleep(0.05)

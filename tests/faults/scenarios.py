@@ -1,0 +1,387 @@
+"""Fault scenarios: each runs worker processes against a target, injects one kind
+of fault while they contend, and returns what the checker found.
+
+Every scenario adds its own checks on top of the checker's invariants (a dead
+holder's lock comes back in time, a partitioned holder is really replaced, a
+released lock wakes every waiter, no spurious loss under latency or script
+flushes). A scenario that does not apply to a target says so (``applies``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asynclock
+from tests.faults.checker import StaleWindow, Verdict
+from tests.faults.runner import RedisTarget, Run, Target
+from tests.servers.base import SCALE
+from tests.servers.redis import RedisServer
+
+
+@dataclass
+class Settings:
+    """How big a run is; the fast tier and the torture command differ only here."""
+
+    workers: int = 3
+    duration: float = 4.0
+    ttl: float = 0.8
+    faults: int = 2
+    seed: int = 0
+    #: slack on top of the ttl for liveness bounds (a dead holder's lock coming back …)
+    margin: float = 1.0
+
+    def scaled_ttl(self) -> float:
+        return self.ttl * SCALE
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    backend: str
+    verdict: Verdict
+    faults: int
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.verdict.violations
+
+    def line(self) -> str:
+        v = self.verdict
+        return (
+            f"{self.backend:<9} {self.scenario:<22} ops {v.operations:>5}  faults {self.faults:>3}  "
+            f"losses {v.losses:>3}  refused {v.refused:>3}  violations {len(v.violations)}  ({self.seconds:.1f}s)"
+        )
+
+
+ScenarioFn = Callable[[Target, str, Path, Settings], Awaitable[Outcome]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    run: ScenarioFn
+    #: backends it applies to (None: all)
+    kinds: tuple[str, ...] | None = None
+    #: needs a server process we started (to freeze or kill it)
+    own_server: bool = False
+    #: needs a TcpProxy in front of the server
+    proxy: bool = False
+
+    def applies(self, target: Target) -> bool:
+        if self.kinds is not None and target.kind not in self.kinds:
+            return False
+        if self.own_server and target.server is None:
+            return False
+        return not (self.proxy and not target.can_proxy)
+
+
+def _common(settings: Settings, **more: Any) -> dict[str, Any]:
+    ttl = settings.scaled_ttl()
+    options: dict[str, Any] = {
+        "ttl": ttl,
+        "duration": settings.duration * SCALE,
+        "hold": (0.005, 0.04),
+        "pause": (0.0, 0.01),
+        "acquire_bound": 20 * ttl,
+    }
+    options.update(more)
+    return options
+
+
+async def _run(
+    name: str,
+    target: Target,
+    store_url: str,
+    workdir: Path,
+    settings: Settings,
+    body: Callable[[Run, random.Random], Awaitable[None]],
+    *,
+    proxied: bool = False,
+    **options: Any,
+) -> Outcome:
+    started = time.monotonic()
+    rng = random.Random(f"{settings.seed}-{name}")
+    run = Run(target, store_url, workdir, proxied=proxied, **_common(settings, **options))
+    try:
+        await run.start(settings.workers)
+        await body(run, rng)
+        verdict = await run.finish(timeout=settings.duration * SCALE + 10 * settings.scaled_ttl() + 30)
+    except BaseException:
+        run.abort()
+        raise
+    if not run.faults:
+        verdict.violations.append("no fault was injected: the scenario proved nothing")
+    return Outcome(name, target.kind, verdict, run.faults, run.notes, time.monotonic() - started)
+
+
+def _long(ttl: float) -> dict[str, Any]:
+    """Options for faults that must land inside a section that outlasts them."""
+    return {"long_hold": (3 * ttl, 3.5 * ttl), "long_rate": 0.3}
+
+
+async def _until_done(run: Run) -> None:
+    """Wait until every live worker has finished its run."""
+    while any(w.alive and not w.poll().done for w in run.live()):
+        await asyncio.sleep(0.05)
+
+
+# -- scenarios ------------------------------------------------------------------
+
+
+async def contention(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """No fault but cancellation: a third of the operations are cancelled at a random point
+    of acquire, body or release; nothing may stay held, nothing may overlap."""
+
+    async def body(run: Run, rng: random.Random) -> None:
+        await _until_done(run)
+        run.faults = sum(w.poll().cancelled for w in run.workers)
+
+    return await _run("cancellation", target, store_url, workdir, settings, body, cancel_rate=0.35)
+
+
+async def holder_killed(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """SIGKILL the holder inside its section: another worker gets the lock within
+    the lease time (ttl, session timeout) plus a margin; a fresh worker replaces it."""
+    ttl = settings.scaled_ttl()
+    bound = target.lease_factor * ttl + settings.margin * SCALE
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0, ttl / 2))
+            victim = await run.holder(timeout=5 * ttl)
+            if victim is None:
+                continue
+            killed_at = victim.kill()
+            run.faults += 1
+            back = await run.next_start(killed_at, victim, timeout=bound + 5 * ttl)
+            if back is None or back - killed_at > bound:
+                took = "never" if back is None else f"{back - killed_at:.2f}s"
+                run.extra_violations.append(f"lock came back {took} after its holder was killed (bound {bound:.2f}s)")
+            else:
+                run.notes.append(f"back after {back - killed_at:.2f}s")
+            await run.ready([run.spawn()])
+        await _until_done(run)
+
+    return await _run("holder killed", target, store_url, workdir, settings, body)
+
+
+async def holder_frozen(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """SIGSTOP the holder for 0.8 to 2 ttl, then SIGCONT: others may overlap it (that is
+    a lease's nature), but the store must refuse every stale operation."""
+    ttl = settings.scaled_ttl()
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0, ttl / 2))
+            victim = await run.holder(timeout=5 * ttl)
+            if victim is None:
+                continue
+            start = time.monotonic()
+            victim.freeze()
+            run.faults += 1
+            await asyncio.sleep(rng.uniform(0.8, 2.0) * ttl)
+            victim.thaw()
+            run.stale.append(StaleWindow(start, time.monotonic(), victim.index))
+        await _until_done(run)
+
+    return await _run("holder frozen", target, store_url, workdir, settings, body, hold=(0.05, 0.1))
+
+
+async def partition(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """Black-hole the holder's connection for 1.5 to 2.5 ttl: its body is cancelled
+    before anyone else acquires (the checker's no-overlap rule, with no stale
+    window), and someone else does acquire meanwhile."""
+    ttl = settings.scaled_ttl()
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0, ttl / 2))
+            victim = await run.holder(timeout=20 * ttl, min_hold=3 * ttl)
+            if victim is None or victim.proxy is None:
+                continue
+            cut = time.monotonic()
+            victim.proxy.blackhole()
+            run.faults += 1
+            await asyncio.sleep(rng.uniform(1.5, 2.5) * ttl)
+            taken = await run.next_start(cut, victim, timeout=0)
+            victim.proxy.heal()
+            if taken is None:
+                run.extra_violations.append("nobody acquired while the holder was partitioned past its ttl")
+        await _until_done(run)
+
+    return await _run("partition", target, store_url, workdir, settings, body, proxied=True, **_long(ttl))
+
+
+async def latency(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """50 to 200 ms on every chunk in both directions (changed now and then), with a
+    ttl long enough for a renewal round trip: no lease may be lost."""
+    ttl = max(settings.scaled_ttl(), 2.0 * SCALE)
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while time.monotonic() < deadline and any(w.alive for w in run.live()):
+            for worker in run.live():
+                if worker.proxy is not None:
+                    worker.proxy.delay(rng.uniform(0.05, 0.2))
+                    run.faults += 1
+            await asyncio.sleep(rng.uniform(0.3, 1.0))
+        await _until_done(run)
+
+    outcome = await _run("latency", target, store_url, workdir, settings, body, proxied=True, ttl=ttl)
+    if outcome.verdict.losses:
+        outcome.verdict.violations.append(f"{outcome.verdict.losses} leases lost under latency that fits the ttl")
+    return outcome
+
+
+async def server_frozen(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """SIGSTOP the server for 1.5 to 2.5 ttl while someone holds: the holder's body is
+    cancelled by its own deadline, nobody overlaps, and work resumes afterwards."""
+    ttl = settings.scaled_ttl()
+    server = target.server
+    assert server is not None
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0, ttl / 2))
+            victim = await run.holder(timeout=20 * ttl, min_hold=3 * ttl)
+            if victim is None:
+                continue
+            server.pause()
+            frozen_at = time.monotonic()
+            run.faults += 1
+            try:
+                await asyncio.sleep(rng.uniform(1.5, 2.5) * ttl)
+            finally:
+                server.resume()
+            if await run.next_start(frozen_at, None, timeout=10 * ttl) is None:
+                run.extra_violations.append("no section started after the server came back")
+
+    return await _run("server frozen", target, store_url, workdir, settings, body, **_long(ttl))
+
+
+async def server_restarted(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """Kill the Redis server and start it again with no data while workers contend.
+    The holds vanish with the data, so an old holder may overlap a new one until
+    its next renewal fails (a stale window); tokens must still increase."""
+    ttl = settings.scaled_ttl()
+    server = target.server
+    assert isinstance(server, RedisServer) and isinstance(target, RedisTarget)
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0.2, 1.0) * ttl)
+            killed_at = time.monotonic()
+            await asyncio.get_running_loop().run_in_executor(None, server.restart_empty)
+            run.faults += 1
+            # an old holder learns at its next renewal (ttl/3) or by its deadline
+            run.stale.append(StaleWindow(killed_at, time.monotonic() + ttl))
+            await target.reconnect_admin()
+            if await run.next_start(killed_at, None, timeout=10 * ttl) is None:
+                run.extra_violations.append("no section started after the restart")
+        await _until_done(run)
+
+    return await _run("restarted empty", target, store_url, workdir, settings, body)
+
+
+async def script_flush(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """SCRIPT FLUSH every few tens of milliseconds: invisible, no lease lost."""
+    assert isinstance(target, RedisTarget)
+
+    async def body(run: Run, rng: random.Random) -> None:
+        while any(w.alive and not w.poll().done for w in run.live()):
+            await target.flush_scripts()
+            run.faults += 1
+            await asyncio.sleep(rng.uniform(0.01, 0.06))
+
+    outcome = await _run("script flush", target, store_url, workdir, settings, body)
+    if outcome.verdict.losses:
+        outcome.verdict.violations.append(f"{outcome.verdict.losses} leases lost to script flushes")
+    return outcome
+
+
+async def pubsub_killed(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """A holder with a long ttl, many waiting processes, their pub/sub connections
+    killed again and again; then the holder releases: every waiter must get the
+    lock within a bound far below the holder's ttl (which is all a waiter
+    without its notification would have to go by)."""
+    assert isinstance(target, RedisTarget)
+    long_ttl = 30.0
+    bound = 5.0 * SCALE
+    waiters = max(settings.workers, 4)
+    started = time.monotonic()
+    run = Run(target, store_url, workdir, **_common(settings, ttl=long_ttl, ops=1, acquire_bound=None))
+    holder = asynclock.connect(target.url, ttl=long_ttl, prefix=run.prefix)
+    rng = random.Random(f"{settings.seed}-pubsub")
+    try:
+        async with holder:
+            lock = holder.lock("fault")
+            await lock.acquire()
+            try:
+                baseline = await target.pubsub_clients()
+                await run.start(waiters)
+                for _ in range(min(max(settings.faults, 3), 20)):
+                    await _wait_for(lambda: target.pubsub_clients(), baseline + waiters, bound)
+                    await asyncio.sleep(rng.uniform(0, 0.05))
+                    await target.kill_pubsub()
+                    run.faults += 1
+                await asyncio.sleep(rng.uniform(0, 0.05))
+            finally:
+                released = time.monotonic()
+                await lock.release()
+            last = None
+            for worker in run.workers:
+                deadline = released + bound
+                while not worker.poll().sections and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                if not worker.log.sections:
+                    run.extra_violations.append(f"waiter {worker.index} did not get the lock within {bound}s")
+                else:
+                    last = max(last or 0.0, worker.log.sections[0].start - released)
+            if last is not None:
+                run.notes.append(f"the last waiter got it {last:.2f}s after the release")
+        verdict = await run.finish(timeout=60)
+    except BaseException:
+        run.abort()
+        raise
+    return Outcome("pubsub killed", target.kind, verdict, run.faults, run.notes, time.monotonic() - started)
+
+
+async def _wait_for(probe: Callable[[], Awaitable[int]], want: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while await probe() < want:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fewer than {want} after {timeout}s")
+        await asyncio.sleep(0.01)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("cancellation", contention),
+    Scenario("holder-killed", holder_killed),
+    Scenario("holder-frozen", holder_frozen),
+    Scenario("partition", partition, proxy=True),
+    Scenario("latency", latency, proxy=True),
+    Scenario("server-frozen", server_frozen, own_server=True),
+    Scenario("restarted-empty", server_restarted, kinds=("redis",), own_server=True),
+    Scenario("script-flush", script_flush, kinds=("redis",)),
+    Scenario("pubsub-killed", pubsub_killed, kinds=("redis",)),
+)
+
+
+def by_name(name: str) -> Scenario:
+    for scenario in SCENARIOS:
+        if scenario.name == name:
+            return scenario
+    raise KeyError(name)

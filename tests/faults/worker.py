@@ -1,0 +1,238 @@
+"""One worker process: contends for one lock and records every critical section.
+
+Started by the runner as ``python -m tests.faults.worker '<json config>'``.
+It connects its own client, prints ``ready`` once connected, waits for
+``go`` on stdin, then loops until it has run ``ops`` sections, ``duration``
+seconds have passed, or ``stop`` arrives on stdin. Inside each section it
+reads the fenced counter, holds for a while, and writes counter + 1, both
+with the lease's token. Every line it writes to its JSONL file is flushed at
+once, so a SIGKILL loses nothing already written:
+
+* ``{"ev": "start", "sid", "t", "token"}`` as soon as the body is entered
+  (the runner uses it to find the current holder);
+* ``{"ev": "section", "sid", "start", "end", "token", "read", "write", "outcome"}``
+  once the section is over; ``end`` is taken in a ``finally``, so a
+  cancelled body still has one; ``outcome`` is ``ok``, ``lost`` (LockLost),
+  ``cancelled`` or ``error: …``;
+* ``{"ev": "unavailable", "t", "outcome"}`` when acquire gave up on an
+  unreachable server (allowed: ``BackendUnavailable``);
+* ``{"ev": "cancelled", "t", "at"}`` for an operation cancelled on purpose
+  before its body ran (acquire) or after (release);
+* ``{"ev": "violation", "what"}`` for what only the worker can see (its own
+  hold left on the server after a cancellation, an acquire stuck past its bound);
+* ``{"ev": "done", "ops", "t"}``.
+
+Times are ``time.monotonic()``: CLOCK_MONOTONIC is system-wide on Linux, so
+they compare across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import asynclock
+from tests.faults.store import FencedStore
+
+
+@dataclass
+class WorkerConfig:
+    url: str
+    store_url: str
+    store_prefix: str
+    out: str
+    name: str = "fault"
+    prefix: str = "faults"
+    ttl: float = 1.0
+    hold: tuple[float, float] = (0.005, 0.03)
+    pause: tuple[float, float] = (0.0, 0.01)
+    #: now and then a long section (for faults that must land inside one)
+    long_hold: tuple[float, float] | None = None
+    long_rate: float = 0.0
+    ops: int = 1_000_000
+    duration: float = 10.0
+    #: probability that an operation is cancelled at a random point
+    cancel_rate: float = 0.0
+    #: an acquire that waits longer than this is recorded as a violation (None: no bound)
+    acquire_bound: float | None = None
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        data = dict(self.__dict__)
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        data = json.loads(text)
+        for key in ("hold", "pause", "long_hold"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+class Journal:
+    """The worker's JSONL file: one flushed line per event."""
+
+    def __init__(self, path: str) -> None:
+        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def write(self, **event: Any) -> None:
+        self._file.write(json.dumps(event) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.journal = Journal(config.out)
+        self.who = f"{os.getpid()}"
+        self.sid = 0
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        config = self.config
+        store = FencedStore(config.store_url, config.store_prefix)
+        locks = asynclock.connect(config.url, ttl=config.ttl, prefix=config.prefix)
+        try:
+            async with locks:
+                lock = locks.lock(config.name)
+                await lock.info()  # connected
+                self.journal.write(ev="ready", pid=os.getpid(), client=locks.client_id, t=time.monotonic())
+                await self._wait_for_go()
+                ops = 0
+                until = time.monotonic() + config.duration
+                while ops < config.ops and time.monotonic() < until and not self.stop.is_set():
+                    await self._one(locks, lock, store)
+                    ops += 1
+                    await asyncio.sleep(self.rng.uniform(*config.pause))
+                self.journal.write(ev="done", ops=ops, t=time.monotonic())
+        finally:
+            await store.aclose()
+            self.journal.close()
+
+    async def _wait_for_go(self) -> None:
+        loop = asyncio.get_running_loop()
+        go = asyncio.Event()
+
+        def read_stdin() -> None:
+            for line in sys.stdin:
+                word = line.strip()
+                if word == "go":
+                    loop.call_soon_threadsafe(go.set)
+                elif word == "stop":
+                    loop.call_soon_threadsafe(self.stop.set)
+            loop.call_soon_threadsafe(go.set)
+            loop.call_soon_threadsafe(self.stop.set)
+
+        threading.Thread(target=read_stdin, daemon=True).start()
+        await go.wait()
+
+    async def _one(self, locks: asynclock.Locks, lock: asynclock.Lock, store: FencedStore) -> None:
+        config = self.config
+        phase = ["acquire"]
+        task = asyncio.create_task(self._section(lock, store, phase))
+        if config.cancel_rate and self.rng.random() < config.cancel_rate:
+            await asyncio.wait([task], timeout=self.rng.uniform(0, 2 * config.hold[1] + 0.01))
+            if not task.done():
+                task.cancel()
+                at = phase[0]
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    self.journal.write(ev="cancelled", t=time.monotonic(), at=at)
+                await self._check_no_leftover_hold(locks, lock)
+                return
+        bound = config.acquire_bound
+        try:
+            await asyncio.wait_for(task, None if bound is None else bound + 2 * config.ttl)
+        except TimeoutError:
+            try:
+                seen = repr(await asyncio.wait_for(lock.info(), config.ttl))
+            except Exception as exc:  # noqa: BLE001 - only for the report
+                seen = f"info failed: {exc!r}"
+            self.journal.write(
+                ev="violation", what=f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}"
+            )
+
+    async def _section(self, lock: asynclock.Lock, store: FencedStore, phase: list[str]) -> None:
+        config = self.config
+        section: dict[str, Any] | None = None
+        outcome = "ok"
+        asked = time.monotonic()
+        try:
+            async with lock as lease:
+                phase[0] = "body"
+                self.sid += 1
+                assert lease.token is not None, "every backend under test gives tokens"
+                section = {"ev": "section", "sid": self.sid, "start": time.monotonic(), "token": lease.token}
+                section.update(read=None, write=None, wait=section["start"] - asked)
+                hold = self.rng.uniform(*config.hold)
+                if config.long_hold is not None and self.rng.random() < config.long_rate:
+                    hold = self.rng.uniform(*config.long_hold)
+                self.journal.write(ev="start", sid=self.sid, t=section["start"], token=lease.token, hold=hold)
+                try:
+                    section["read"] = "sent"
+                    value = await store.read(lease.token, self.who)
+                    section["read"] = "refused" if value is None else "ok"
+                    await asyncio.sleep(hold)
+                    if value is not None:
+                        section["write"] = "sent"
+                        accepted = await store.write(lease.token, value + 1, self.who)
+                        section["write"] = "ok" if accepted else "refused"
+                finally:
+                    section["end"] = time.monotonic()
+                    phase[0] = "release"
+        except asynclock.LockLost:
+            outcome = "lost"
+        except asynclock.BackendUnavailable as exc:
+            # acquire (or release) may give up on a server that stays away: allowed
+            outcome = f"unavailable: {exc!r}"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded for the checker
+            outcome = f"error: {exc!r}"
+        finally:
+            if section is not None:
+                section["outcome"] = outcome
+                self.journal.write(**section)
+            elif outcome.startswith("error"):
+                self.journal.write(ev="failed", t=time.monotonic(), outcome=outcome)
+            elif outcome.startswith("unavailable"):
+                self.journal.write(ev="unavailable", t=time.monotonic(), outcome=outcome)
+
+    async def _check_no_leftover_hold(self, locks: asynclock.Locks, lock: asynclock.Lock) -> None:
+        """After a cancelled operation, this client must not keep (or get) the lock."""
+        deadline = time.monotonic() + self.config.ttl / 2
+        while True:
+            try:
+                owner = (await lock.info()).owner
+            except asynclock.LockError:
+                return  # the server is away (a fault); nothing to see
+            if owner is None or not owner.startswith(locks.client_id):
+                return
+            if time.monotonic() >= deadline:
+                self.journal.write(ev="violation", what=f"hold {owner} left on the server after a cancellation")
+                return
+            await asyncio.sleep(0.01)
+
+
+def main(argv: list[str]) -> None:
+    config = WorkerConfig.from_json(argv[0])
+    asyncio.run(Worker(config).run())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
