@@ -744,17 +744,39 @@ async def _contend_through(ensemble: ZooKeeperEnsemble, fault: Any, heal: Any) -
     on_leader = backend_of(clients[0]).session
     assert on_leader._conn is not None and on_leader._conn.host == leader.hostport
     sessions = [backend_of(locks).session.session_id for locks in clients]
+    # one lock is held across the fault by the client on the leader, two others queue for it
+    let_go = asyncio.Event()
+    across: dict[str, Any] = {}
+
+    async def hold_across() -> None:
+        async with clients[0].lock("across") as lease:
+            across["held"] = lease.token
+            await let_go.wait()
+            across["lost"] = lease.lost
+
+    async def queue_for_across(locks: asynclock.Locks) -> None:
+        async with locks.lock("across") as lease:
+            across.setdefault("next", lease.token)
+
     try:
+        holding = asyncio.create_task(hold_across())
+        await eventually(lambda: "held" in across, scaled(10), "the lock held across the fault")
+        queued = [asyncio.create_task(queue_for_across(locks)) for locks in clients[1:]]
         tasks = [asyncio.create_task(worker(locks)) for locks in clients for _ in range(2)]
         await eventually(lambda: done >= 10, scaled(20), "some rounds before the fault")
         before = done
         await asyncio.to_thread(fault, leader)
         await eventually(lambda: done >= before + 20, scaled(40), "rounds after the fault")
         assert on_leader.reconnects >= 1, "the client on the leader moved to another server"
+        assert not any(task.done() for task in queued), "a waiter got a lock that is still held"
+        let_go.set()
+        await asyncio.wait_for(asyncio.gather(holding, *queued), scaled(20))
+        assert across["lost"] is False and across["next"] > across["held"]
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), scaled(30))
     finally:
         stop.set()
+        let_go.set()
         await asyncio.to_thread(heal, leader)
         after = [backend_of(locks).session.session_id for locks in clients]
         for locks in clients:
