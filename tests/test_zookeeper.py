@@ -45,7 +45,8 @@ TTL = scaled(0.6)
 
 @pytest.fixture
 async def zk(zookeeper_server: ZooKeeperServer) -> AsyncIterator[ZooKeeperHarness]:
-    async with ZooKeeperHarness(zookeeper_server) as harness:
+    harness = ZooKeeperHarness(zookeeper_server)
+    async with harness:
         yield harness
 
 
@@ -68,6 +69,7 @@ async def _take(lock: asynclock.Lock) -> tuple[int | None, bool]:
     """Acquire and release in one task (the owner); the token and whether it was lost inside."""
     async with lock as lease:
         return lease.token, lease.lost
+    raise AssertionError("unreachable: the block returns or raises")
 
 
 def backend_of(locks: asynclock.Locks) -> ZooKeeperBackend:
@@ -206,6 +208,7 @@ async def test_foreign_contenders_count_by_sequence_number(zk: ZooKeeperHarness)
     async def take() -> int | None:
         async with lock as lease:
             return lease.token
+        raise AssertionError("unreachable: the block returns or raises")
 
     task = asyncio.create_task(take())
     await asyncio.sleep(0.1)
@@ -329,6 +332,7 @@ async def test_a_connection_cut_while_the_create_is_in_flight_leaves_one_node(
         async def hold() -> tuple[int | None, list[str]]:
             async with lock as lease:
                 return lease.token, await admin.contenders(lock.key)
+            raise AssertionError("unreachable: the block returns or raises")
 
         proxy.delay(0.3)
         task = asyncio.create_task(hold())

@@ -46,7 +46,7 @@ def four_letter(port: int, word: bytes, timeout: float = 1.0) -> bytes:
     """Send a four-letter command (``ruok``, ``srvr``, ``mntr``) and read the whole answer."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(word)
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = sock.recv(4096)
             if not chunk:
