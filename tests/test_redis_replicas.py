@@ -86,7 +86,8 @@ async def test_renewals_a_replica_cannot_confirm_lose_the_lease(
     primary_and_replica: tuple[RedisServer, RedisServer],
 ) -> None:
     primary, replica = primary_and_replica
-    async with asynclock.connect(primary.url, ttl=TTL, replicas=1, replica_timeout=0.05) as locks:
+    ttl = scaled(1.0)
+    async with asynclock.connect(primary.url, ttl=ttl, replicas=1, replica_timeout=0.1) as locks:
         with pytest.raises(asynclock.LockLost):
             async with locks.lock("renew") as lease:
                 replica.pause()
@@ -95,7 +96,9 @@ async def test_renewals_a_replica_cannot_confirm_lose_the_lease(
                 finally:
                     replica.resume()
         assert lease.lost
-        assert "replica" in (lease.lost_reason or "")
+        # lost because the replica did not confirm (the control test below
+        # shows the same pause without the option costs nothing)
+        assert "replica" in (lease.lost_reason or ""), lease.lost_reason
 
 
 async def test_without_the_option_nothing_waits(primary_and_replica: tuple[RedisServer, RedisServer]) -> None:
@@ -104,7 +107,8 @@ async def test_without_the_option_nothing_waits(primary_and_replica: tuple[Redis
     try:
         async with asynclock.connect(primary.url, ttl=TTL) as locks:
             async with locks.lock("plain") as lease:
-                assert lease.token is not None
+                await asyncio.sleep(TTL * 2)  # renewals need no replica without the option
+                assert not lease.lost
     finally:
         replica.resume()
 
