@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 
 import asynclock
+from asynclock import BackendUnavailable, LockTimeout
 from asynclock.abc import RenewItem
 from asynclock.backends.cluster import ClusterBackend
 from tests import test_contract as contract
@@ -179,3 +180,44 @@ async def test_a_slot_that_moves_during_a_hold(harness: ClusterHarness, cluster:
     await holder.lock("moving").release()
     await asyncio.wait_for(task, scaled(5))  # woken by SPUBLISH on the new node, not by the 20 s lease
     assert order == ["released", "waiter got it"]
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[ClusterSetup]:
+    """A cluster of this test's own: it kills a node."""
+    setup = ClusterSetup(3)
+    try:
+        setup.start()
+        yield setup
+    finally:
+        setup.cleanup()
+
+
+async def test_a_dead_primary_costs_only_the_locks_in_its_slots(own_cluster: ClusterSetup) -> None:
+    ttl = scaled(2)
+    async with (
+        asynclock.connect(own_cluster.url, ttl=ttl, prefix="dead") as holder,
+        asynclock.connect(own_cluster.url, ttl=ttl, prefix="dead") as other,
+    ):
+        backend = cluster_backend(holder)
+        victim = own_cluster.servers[0]
+        names = [f"n{i}" for i in range(40)]
+        owners = {name: own_cluster.owner_of(backend.cluster.keyslot(backend.lock_key(name))) for name in names}
+        doomed = next(name for name in names if owners[name] is victim)
+        spared = next(name for name in names if owners[name] is not victim)
+        lease = await holder.lock(doomed).acquire()
+        kept = await holder.lock(spared).acquire()
+        victim.kill()
+        # its renewals cannot reach the slot's node: lost by the trusted deadline, never kept
+        await asyncio.wait_for(lease.wait_lost(), scaled(10))
+        with pytest.raises(BackendUnavailable):
+            async with asyncio.timeout(scaled(20)):  # nothing hangs
+                await other.lock(doomed).acquire(timeout=ttl)
+        # the other nodes' slots go on: renewed, exclusive, and free once released
+        await asyncio.sleep(ttl)
+        assert not kept.lost
+        with pytest.raises(LockTimeout):
+            await other.lock(spared).acquire(timeout=0)
+        await holder.lock(spared).release()
+        async with other.lock(spared):
+            pass

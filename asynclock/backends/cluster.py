@@ -33,8 +33,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 try:
     from redis import exceptions as redis_errors
+    from redis._parsers import AsyncCommandsParser
     from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.connection import Connection
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
@@ -84,6 +87,35 @@ async def _guard(awaitable: Awaitable[T]) -> T:
         raise BackendUnavailable(f"Redis Cluster is not available: {exc!r}") from exc
 
 
+class _AnyPrimaryParser(AsyncCommandsParser):
+    """Reads the command table from any primary that answers.
+
+    redis-py asks only the first primary it knows for COMMAND while it maps
+    the cluster; when that node is down, every request fails, even those for
+    slots that live primaries serve.
+    """
+
+    __slots__ = ("_cluster",)
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        super().__init__()
+        self._cluster = cluster
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        first = node if node is not None else getattr(self, "node", None)
+        candidates = [first, *(primary for primary in self._cluster.get_primaries() if primary is not first)]
+        failure: BaseException | None = None
+        for candidate in candidates:
+            if candidate is None:
+                continue
+            try:
+                await super().initialize(candidate)
+                return
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+                failure = exc
+        raise failure or redis_errors.ConnectionError("no primary answered COMMAND")
+
+
 class ClusterBackend(RedisBackend):
     """Locks on a Redis Cluster.
 
@@ -124,7 +156,12 @@ class ClusterBackend(RedisBackend):
             if password:
                 kwargs["password"] = password
         kwargs.update(options)
+        # Fail fast on a dead node (the front retries requests itself): a
+        # client that retries with backoff holds its topology refresh, and so
+        # every other slot's requests, for a second per failed request.
+        kwargs.setdefault("retry", Retry(NoBackoff(), 1))
         client = RedisCluster(startup_nodes=nodes, **kwargs)
+        client.commands_parser = _AnyPrimaryParser(client)
         return cls(client, prefix=prefix, owns_client=True)
 
     @property
@@ -155,15 +192,20 @@ class ClusterBackend(RedisBackend):
         return await _guard(super().names())
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        """One script call per slot, all slots in parallel."""
+        """One script call per slot, all slots in parallel, each bounded on its own."""
         groups: dict[int, list[int]] = {}
         for index, item in enumerate(items):
             groups.setdefault(self._cluster.keyslot(self.lock_key(item.name)), []).append(index)
 
         async def renew_slot(indexes: list[int]) -> list[bool | BaseException]:
+            group = [items[i] for i in indexes]
             try:
-                return await RedisBackend.renew(self, [items[i] for i in indexes])
-            except _UNAVAILABLE as exc:
+                # A slot whose node is gone must not hold up the other slots'
+                # answers past their leases: each group gets a quarter of its
+                # shortest ttl (renewals start a third into the lease).
+                async with asyncio.timeout(min(item.ttl for item in group) / 4):
+                    return await RedisBackend.renew(self, group)
+            except (*_UNAVAILABLE, TimeoutError) as exc:
                 return [BackendUnavailable(f"Redis Cluster is not available: {exc!r}")] * len(indexes)
 
         answers = await asyncio.gather(*(renew_slot(indexes) for indexes in groups.values()))
