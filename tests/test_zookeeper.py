@@ -579,6 +579,34 @@ async def test_cancelled_waiter_deletes_its_node_even_while_disconnected(zk: Zoo
         await holder.lock("cd").release()
 
 
+async def test_a_release_that_cannot_reach_the_server_is_bounded_and_finished_later(
+    zk: ZooKeeperHarness, proxy: TcpProxy
+) -> None:
+    locks = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(6), prefix=zk.prefix)
+    async with locks:
+        backend = backend_of(locks)
+        session = backend.session
+        lock = locks.lock("finish")
+        lease = await lock.acquire()
+        sid = session.session_id
+        proxy.refuse(True)
+        proxy.reset()
+        await eventually(lambda: not session.connected, scaled(2), "disconnect noticed")
+        with pytest.raises(BackendUnavailable):
+            await asyncio.wait_for(backend.release("finish", lease._hold), scaled(5))
+        admin = await zk.admin()
+        assert len(await admin.contenders(lock.key)) == 1
+        proxy.refuse(False)
+        # once the session is back, the node goes: it does not outlive its release
+        for _ in range(500):
+            if not await admin.contenders(lock.key):
+                break
+            await asyncio.sleep(0.01)
+        assert await admin.contenders(lock.key) == []
+        assert session.session_id == sid
+        await asyncio.wait_for(lease.wait_lost(), scaled(5))
+
+
 # -- interop -------------------------------------------------------------------------------
 
 

@@ -138,6 +138,8 @@ class _Node:
     create_future: asyncio.Future[Any] | None = None
     #: connection on which the deletion watch of a held node is set
     armed: int = -1
+    #: the background deletion of a release that could not finish
+    finisher: asyncio.Task[None] | None = None
 
 
 def parse_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, str]]:
@@ -273,6 +275,13 @@ class ZooKeeperBackend:
         return True
 
     async def release(self, name: str, hold: str) -> bool:
+        """Delete the hold's node; on trouble it is deleted in the background and this raises.
+
+        Waits at most a third of the session timeout for a connection (and a
+        request is given up after as long without an answer), so it never
+        blocks for long; the background deletion goes on until it succeeds or
+        the session ends, so no node outlives its release while the session lives.
+        """
         node = self._nodes.get(hold)
         if node is None:
             return False
@@ -284,24 +293,35 @@ class ZooKeeperBackend:
             self._forget(node)
             return False
         node.releasing = True
-        await session.wait_connected(self._op_timeout())
         if node.path is None or node.uncertain:
             # never settled (a cancelled acquire): remove whatever carries its GUID
             self._forget(node)
-            await self._cleanup(node)
+            self._spawn(self._cleanup(node))
             return False
         try:
+            await session.wait_connected(self._op_timeout())
             await session.call(protocol.DeleteRequest(path=node.path, version=-1), node.path)
         except ZkError as exc:
             if exc.code != NO_NODE:
+                self._finish_later(node)
                 raise
             self._forget(node)
             return node.delete_sent and node.held  # an earlier, unanswered delete did it
-        except ZkConnectionLoss:
+        except BaseException:
             node.delete_sent = True
+            self._finish_later(node)
             raise
         self._forget(node)
         return node.held
+
+    def _finish_later(self, node: _Node) -> None:
+        """Keep deleting a released node in the background until done or its session ends."""
+        if node.finisher is None or node.finisher.done():
+            node.finisher = self._spawn(self._finish_release(node))
+
+    async def _finish_release(self, node: _Node) -> None:
+        await self._cleanup(node)
+        self._forget(node)
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
         """One pipelined ``exists`` per held node, sent now: True if it is still ours."""
