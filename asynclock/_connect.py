@@ -34,6 +34,8 @@ def connect(
     ``redlock://h1:p1,h2:p2,h3:p3``        a majority of N independent Redis primaries
     ``redis+sentinel://s1:p1,s2:p2/name``  the Redis primary that Sentinel names
     ``redis+cluster://h1:p1,h2:p2``        Redis Cluster (also a ``RedisCluster`` instance)
+    ``zk://h1:p1,h2:p2/optional/chroot``   a ZooKeeper ensemble; the lease is the session
+                                           (``?session_timeout=``, default the ``ttl``)
     =====================================  ===============================
 
     ``ttl`` (seconds, default 30) is the lease time the watchdog keeps renewing;
