@@ -843,3 +843,45 @@ async def test_inspect_lists_and_describes_zookeeper_locks(zk: ZooKeeperHarness)
     [info] = [i for i in infos if i.held]
     assert info.name == "a/b" and info.token == lease.token and info.key == locks.lock("a/b").key
     await locks.lock("a/b").release()
+
+
+@pytest.mark.slow
+async def test_ensemble_survives_repeated_leader_kills_without_overlap(ensemble: ZooKeeperEnsemble) -> None:
+    """Torture: the leader is killed and restarted several times while clients contend."""
+    clients = [asynclock.connect(ensemble.url, ttl=scaled(6), prefix="torture") for _ in range(3)]
+    inside = 0
+    overlaps = 0
+    tokens: list[int] = []
+    stop = asyncio.Event()
+
+    async def worker(locks: asynclock.Locks) -> None:
+        nonlocal inside, overlaps
+        while not stop.is_set():
+            with contextlib.suppress(LockLost, BackendUnavailable):
+                async with locks.lock("t") as lease:
+                    inside += 1
+                    overlaps += inside > 1
+                    assert lease.token is not None
+                    tokens.append(lease.token)
+                    await asyncio.sleep(0.01)
+                    inside -= 1
+
+    for locks in clients:
+        await locks.__aenter__()
+    tasks = [asyncio.create_task(worker(locks)) for locks in clients for _ in range(2)]
+    try:
+        for _ in range(4):
+            leader = await asyncio.to_thread(ensemble.leader)
+            before = len(tokens)
+            await asyncio.to_thread(leader.kill)
+            await asyncio.to_thread(ensemble.wait_serving, 2)
+            await eventually(lambda n=before: len(tokens) >= n + 10, scaled(40), "rounds after the kill")
+            await asyncio.to_thread(leader.start)
+            await asyncio.to_thread(ensemble.wait_serving, 3)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), scaled(30))
+        for locks in clients:
+            await locks.aclose()
+    assert overlaps == 0
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
