@@ -114,10 +114,11 @@ class SentinelSetup:
     master = "mymaster"
 
     def __init__(self, sentinels: int = 3) -> None:
-        self.primary = RedisServer()
+        quick_sync = ["--repl-diskless-sync-delay", "0"]
+        self.primary = RedisServer(extra=quick_sync)
         # writable, so that a test can make a write "not reach" the replica
         self.replica = RedisServer(
-            extra=["--replicaof", "127.0.0.1", str(self.primary.port), "--replica-read-only", "no"]
+            extra=[*quick_sync, "--replicaof", "127.0.0.1", str(self.primary.port), "--replica-read-only", "no"]
         )
         self.sentinels: list[SentinelServer] = []
         self._count = sentinels
