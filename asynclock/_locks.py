@@ -593,13 +593,21 @@ class Lock:
             on_lost=locks._lease_lost,
         )
         task = loop.create_task(backend.wait_acquire(self.name, hold, self.ttl, timeout))
+        # The backend bounds its own wait; this outer bound only guards against
+        # one that does not (a request window of grace past the timeout).
+        outer = None if timeout is None else started + timeout + min(lease._lease_time / 3, _REQUEST_WINDOW) + 1.0
         try:
-            result = await asyncio.shield(task)
+            async with asyncio.timeout_at(outer):
+                result = await asyncio.shield(task)
         except asyncio.CancelledError:
             task.cancel()  # the backend leaves the queue; if it got the lock anyway, give it back
             await _settle(locks, self._rollback(task, lease))
             raise
         except (LockError, OSError, TimeoutError) as exc:
+            if not task.done():  # our outer bound fired: leave the queue, time is up
+                task.cancel()
+                await _settle(locks, self._rollback(task, lease))
+                self._give_up(hold, owner, Busy(None), timeout, started)
             locks._spawn(locks._release_on_server(lease, raise_errors=False))
             locks._emit("timeout", self.name, owner, None, wait_s=loop.time() - started)
             raise _unavailable(exc) from exc
