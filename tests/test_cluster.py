@@ -221,3 +221,30 @@ async def test_a_dead_primary_costs_only_the_locks_in_its_slots(own_cluster: Clu
         await holder.lock(spared).release()
         async with other.lock(spared):
             pass
+
+
+async def test_a_paused_primary_stalls_nobody_past_their_bounds(own_cluster: ClusterSetup) -> None:
+    ttl = scaled(2)
+    async with (
+        asynclock.connect(own_cluster.url, ttl=ttl, prefix="paused") as holder,
+        asynclock.connect(own_cluster.url, ttl=ttl, prefix="paused") as other,
+    ):
+        backend = cluster_backend(holder)
+        frozen = own_cluster.servers[1]
+        names = [f"p{i}" for i in range(40)]
+        owners = {name: own_cluster.owner_of(backend.cluster.keyslot(backend.lock_key(name))) for name in names}
+        stuck = next(name for name in names if owners[name] is frozen)
+        free = next(name for name in names if owners[name] is not frozen)
+        lease = await holder.lock(stuck).acquire()
+        frozen.pause()
+        try:
+            # a waiter on the stalled node gives up within its own bounds
+            with pytest.raises((BackendUnavailable, LockTimeout)):
+                async with asyncio.timeout(scaled(20)):
+                    await other.lock(stuck).acquire(timeout=ttl / 2)
+            # the holder cannot renew there: lost by its trusted deadline, not kept
+            await asyncio.wait_for(lease.wait_lost(), scaled(10))
+            async with other.lock(free):
+                pass
+        finally:
+            frozen.resume()

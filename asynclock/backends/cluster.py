@@ -65,6 +65,9 @@ end
 return 0
 """
 
+#: Longest wait for a node to confirm a shard subscription, in seconds.
+SUBSCRIBE_TIMEOUT = 1.0
+
 #: Errors of the cluster client that mean "not reachable right now", not "bad request".
 _UNAVAILABLE = (
     redis_errors.RedisClusterException,
@@ -355,7 +358,13 @@ class _Shard:
         except (redis_errors.RedisError, OSError) as exc:
             logger.debug("SSUBSCRIBE failed, the shard will reconnect: %r", exc)
             return False
-        return await future
+        try:
+            # A stalled node must not stall the waiter: it is bounded by the
+            # holder's lease anyway, and the late confirmation still counts.
+            async with asyncio.timeout(SUBSCRIBE_TIMEOUT):
+                return await future
+        except TimeoutError:
+            return False
 
     async def unsubscribe(self, channel: bytes) -> None:
         self.channels.discard(channel)
