@@ -154,7 +154,12 @@ async def test_a_paused_minority_slows_nobody_down_for_long(harness: RedlockHarn
         nodes[4].resume()
 
 
-async def test_a_waiter_is_woken_by_the_release_not_by_the_holders_ttl(harness: RedlockHarness) -> None:
+@pytest.mark.parametrize("dead", [0, 2])
+async def test_a_waiter_is_woken_by_the_release_not_by_the_holders_ttl(
+    harness: RedlockHarness, nodes: RedisNodes, dead: int
+) -> None:
+    for index in range(dead):
+        nodes[index].kill()  # their listeners keep reconnecting; the others' messages suffice
     holder = harness.connect(ttl=scaled(20))
     waiter = harness.connect(ttl=scaled(20))
     order: list[str] = []
