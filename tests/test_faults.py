@@ -35,9 +35,11 @@ FAST = Settings(workers=3, duration=3.0, ttl=0.6, faults=2, margin=1.0)
 #: scenarios of the fast tier per backend (the torture command runs all that apply)
 FAST_SCENARIOS = {
     "redis": [s.name for s in SCENARIOS],
-    "zookeeper": ["cancellation", "holder-killed", "holder-frozen", "partition"],
-    "postgres": ["cancellation", "holder-killed", "holder-frozen", "partition"],
+    "zookeeper": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen"],
+    "postgres": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen"],
 }
+#: the torture tier: every scenario that applies, longer, with more workers
+TORTURE = Settings(workers=6, duration=15.0, ttl=1.0, faults=10_000, margin=1.0)
 #: (backend, scenario) -> reason, for a bug found and not fixed yet (xfail, not strict)
 KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
@@ -97,6 +99,23 @@ async def test_fault_scenario(
         chosen = by_name(scenario)
         assert chosen.applies(target)
         _report(await chosen.run(target, store_server.url, tmp_path, FAST))
+    finally:
+        await target.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(FAST_SCENARIOS))
+async def test_torture(request: pytest.FixtureRequest, kind: str, store_server: RedisServer, tmp_path: Path) -> None:
+    """Every scenario that applies to the backend, 15 s each with 6 workers."""
+    target = await _target(request, kind)
+    try:
+        failures = []
+        for scenario in SCENARIOS:
+            if scenario.applies(target):
+                outcome = await scenario.run(target, store_server.url, tmp_path, TORTURE)
+                print(outcome.line(), *outcome.notes)
+                failures += [f"{scenario.name}: {v}" for v in outcome.verdict.violations]
+        assert not failures, "\n".join(failures)
     finally:
         await target.aclose()
 

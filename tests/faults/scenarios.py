@@ -57,7 +57,8 @@ class Outcome:
         v = self.verdict
         return (
             f"{self.backend:<9} {self.scenario:<22} ops {v.operations:>5}  faults {self.faults:>3}  "
-            f"losses {v.losses:>3}  refused {v.refused:>3}  violations {len(v.violations)}  ({self.seconds:.1f}s)"
+            f"losses {v.losses:>3}  stale overlaps {v.overlaps_allowed:>2}  refused {v.refused:>3}  "
+            f"violations {len(v.violations)}  ({self.seconds:.1f}s)"
         )
 
 
@@ -125,6 +126,19 @@ async def _run(
 def _long(ttl: float) -> dict[str, Any]:
     """Options for faults that must land inside a section that outlasts them."""
     return {"long_hold": (3 * ttl, 3.5 * ttl), "long_rate": 0.3}
+
+
+async def _work_resumes(run: Run, since: float, timeout: float) -> bool:
+    """Whether a section starts after ``since`` within ``timeout`` (or every worker
+    has finished its run meanwhile: nobody is left to start one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await run.next_start(since, None, timeout=0) is not None:
+            return True
+        if all(w.poll().done for w in run.live()):
+            return True
+        await asyncio.sleep(0.02)
+    return False
 
 
 async def _until_done(run: Run) -> None:
@@ -265,7 +279,7 @@ async def server_frozen(target: Target, store_url: str, workdir: Path, settings:
                 await asyncio.sleep(rng.uniform(1.5, 2.5) * ttl)
             finally:
                 server.resume()
-            if await run.next_start(frozen_at, None, timeout=10 * ttl) is None:
+            if not await _work_resumes(run, frozen_at, 10 * ttl):
                 run.extra_violations.append("no section started after the server came back")
 
     return await _run("server frozen", target, store_url, workdir, settings, body, **_long(ttl))
@@ -283,17 +297,20 @@ async def server_restarted(target: Target, store_url: str, workdir: Path, settin
         deadline = time.monotonic() + settings.duration * SCALE
         while run.faults < settings.faults and time.monotonic() < deadline:
             await asyncio.sleep(rng.uniform(0.2, 1.0) * ttl)
+            if run.faults % 2 == 0:
+                # under a long section: its hold vanishes, its next renewal must lose it
+                await run.holder(timeout=20 * ttl, min_hold=3 * ttl)
             killed_at = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(None, server.restart_empty)
             run.faults += 1
             # an old holder learns at its next renewal (ttl/3) or by its deadline
             run.stale.append(StaleWindow(killed_at, time.monotonic() + ttl))
             await target.reconnect_admin()
-            if await run.next_start(killed_at, None, timeout=10 * ttl) is None:
+            if not await _work_resumes(run, killed_at, 10 * ttl):
                 run.extra_violations.append("no section started after the restart")
         await _until_done(run)
 
-    return await _run("restarted empty", target, store_url, workdir, settings, body)
+    return await _run("restarted empty", target, store_url, workdir, settings, body, **_long(ttl))
 
 
 async def script_flush(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
