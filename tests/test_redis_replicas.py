@@ -124,3 +124,27 @@ def test_bad_replica_options_are_refused_before_any_io(url_or_options: object) -
         else:
             assert isinstance(url_or_options, dict)
             asynclock.connect("redis://127.0.0.1:1/0", **url_or_options)
+
+
+async def test_a_demoted_primary_answering_readonly_is_a_loss_not_a_retry(
+    primary_and_replica: tuple[RedisServer, RedisServer],
+) -> None:
+    primary, replica = primary_and_replica
+    loop = asyncio.get_running_loop()
+    ttl = scaled(3.0)
+    async with asynclock.connect(primary.url, ttl=ttl) as locks:
+        with pytest.raises(asynclock.LockLost):
+            async with locks.lock("demoted") as lease:
+                new_primary = aioredis.Redis.from_url(replica.url)
+                old_primary = aioredis.Redis.from_url(primary.url)
+                await new_primary.replicaof("NO", "ONE")
+                await old_primary.replicaof("127.0.0.1", replica.port)  # demoted: writes answer READONLY
+                demoted_at = loop.time()
+                try:
+                    await asyncio.sleep(ttl * 2)
+                finally:
+                    await new_primary.aclose()
+                    await old_primary.aclose()
+        assert "no longer has this hold" in (lease.lost_reason or ""), lease.lost_reason
+        # at the next renewal (ttl/3), not after retrying until the deadline
+        assert loop.time() - demoted_at < ttl * 0.9

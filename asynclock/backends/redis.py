@@ -73,9 +73,20 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
+def _is_readonly(exc: BaseException) -> bool:
+    """A READONLY reply: a replica, or a primary demoted by a failover.
+
+    redis-py turns it into ReadOnlyError (with the code stripped from the
+    message); a bare ResponseError keeps the "READONLY" prefix.
+    """
+    return isinstance(exc, redis_errors.ReadOnlyError) or (
+        isinstance(exc, redis_errors.ResponseError) and str(exc).startswith("READONLY")
+    )
+
+
 def _translate(exc: BaseException) -> BaseException:
     """Map redis-py errors onto ours; the original becomes ``__cause__``."""
-    if isinstance(exc, redis_errors.ResponseError) and str(exc).startswith("READONLY"):
+    if _is_readonly(exc):
         return BackendUnavailable(f"Redis answered READONLY (a replica or demoted primary): {exc}")
     if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError, TimeoutError)):
         return BackendUnavailable(f"Redis did not answer: {exc!r}")
@@ -238,13 +249,13 @@ class RedisBackend:
                     answer = await self._renew(keys=keys, args=args)
             except BackendUnavailable as exc:
                 cause = exc.__cause__
-                if isinstance(cause, redis_errors.ResponseError) and str(cause).startswith("READONLY"):
+                if cause is not None and _is_readonly(cause):
                     results += [False] * len(chunk)
                 else:
                     results += [exc] * len(chunk)
                 continue
             except redis_errors.ResponseError as exc:
-                if str(exc).startswith("READONLY"):
+                if _is_readonly(exc):
                     # A demoted primary: whatever it holds is not the lock any more.
                     results += [False] * len(chunk)
                     continue
