@@ -413,8 +413,12 @@ class PostgresBackend:
                 self._slots.release()
             raise
         if result is None:
+            # A wait can end in lock_timeout after the grant (on the fence
+            # row's lock, should something else hold it): the session lock
+            # outlives the statement's error, so unlock it. One try
+            # (timeout=0) that said no got nothing and set nothing.
             try:
-                await self._give_back(conn, None, ttl)
+                await self._give_back(conn, None if timeout == 0 else self._key_of(name), ttl)
             finally:
                 self._slots.release()
         return result
