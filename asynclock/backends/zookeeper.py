@@ -612,6 +612,8 @@ class ZooKeeperBackend:
                     await asyncio.shield(future)
             if future is not None and future.done() and not future.cancelled() and future.exception() is None:
                 node.path, node.uncertain = str(future.result().path), False
+            if not node.uncertain and node.path is None:
+                return  # nothing was created: no need to wait for a connection
             try:
                 await session.wait_connected(None)
                 if node.session and node.session != session.session_id:
@@ -621,8 +623,6 @@ class ZooKeeperBackend:
                     if not session.connected:
                         raise ZkConnectionLoss("disconnected during delete")
                     return
-                if not node.uncertain and node.path is None:
-                    return  # nothing was created
                 reply = await session.call(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
                 for child in reply.children:
                     if node.guid in child:
