@@ -62,7 +62,31 @@ def fault_redis() -> Iterator[RedisServer]:
     server.cleanup()
 
 
+#: every outcome of this module's runs, for the summary line at the end
+_OUTCOMES: list[Outcome] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Print the figures of the runs (operations, faults injected, violations) at the end."""
+    yield
+    if not _OUTCOMES:
+        return
+    total = sum((o.verdict.operations for o in _OUTCOMES), 0)
+    faults = sum(o.faults for o in _OUTCOMES)
+    violations = sum(len(o.verdict.violations) for o in _OUTCOMES)
+    line = f"fault harness: {len(_OUTCOMES)} scenario runs, {total} operations, {faults} faults injected, "
+    line += f"{violations} violations"
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("\n" + line)
+    _OUTCOMES.clear()
+
+
 def _report(outcome: Outcome) -> None:
+    _OUTCOMES.append(outcome)
     print(outcome.line(), *outcome.notes)
     assert outcome.ok, "\n".join(outcome.verdict.violations)
 
@@ -113,11 +137,28 @@ async def test_torture(request: pytest.FixtureRequest, kind: str, store_server: 
         for scenario in SCENARIOS:
             if scenario.applies(target):
                 outcome = await scenario.run(target, store_server.url, tmp_path, TORTURE)
+                _OUTCOMES.append(outcome)
                 print(outcome.line(), *outcome.notes)
                 failures += [f"{scenario.name}: {v}" for v in outcome.verdict.violations]
         assert not failures, "\n".join(failures)
     finally:
         await target.aclose()
+
+
+@pytest.mark.slow
+async def test_torture_zookeeper_ensemble(store_server: RedisServer, tmp_path: Path) -> None:
+    """The leader of a three-server ensemble killed or frozen again and again."""
+    from tests.faults.runner import ZooKeeperTarget
+    from tests.servers.zookeeper import ZooKeeperEnsemble
+
+    ensemble = ZooKeeperEnsemble()
+    await asyncio.to_thread(ensemble.start)
+    target = ZooKeeperTarget(ensemble.url, ensemble=ensemble)
+    try:
+        outcome = await by_name("leader-lost").run(target, store_server.url, tmp_path, TORTURE)
+        _report(outcome)
+    finally:
+        await asyncio.to_thread(ensemble.cleanup)
 
 
 async def test_the_checker_catches_a_lock_that_does_not_exclude(store_server: RedisServer, tmp_path: Path) -> None:

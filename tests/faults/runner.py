@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -43,7 +43,10 @@ class Target:
         self.server = server
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 0
+        try:
+            self.port = parts.port or 0
+        except ValueError:  # several hosts (zk://a:1,b:2): no single port to proxy
+            self.port = 0
 
     @property
     def can_proxy(self) -> bool:
@@ -95,12 +98,20 @@ class RedisTarget(Target):
 class ZooKeeperTarget(Target):
     kind = "zookeeper"
 
+    def __init__(self, url: str, server: ServerProcess | None = None, ensemble: Any = None) -> None:
+        super().__init__(url, server)
+        #: a ZooKeeperEnsemble we started (its leader can be killed or frozen)
+        self.ensemble = ensemble
+
     async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
         from asynclock.backends.zookeeper import ZooKeeperBackend
         from tests.harness_zookeeper import AdminClient
 
         hosts = urlsplit(self.url).netloc
-        base = ZooKeeperBackend([("127.0.0.1", self.port)], prefix=prefix).lock_key("x").rsplit("/", 1)[0]
+        # (the backend object only computes the key: no I/O)
+        base = ZooKeeperBackend([("127.0.0.1", 1)], prefix=prefix).lock_key("x").rsplit("/", 1)[0]
+        chroot = urlsplit(self.url).path.rstrip("/")
+        base = f"{chroot}{base}"  # the admin client has no chroot
         admin = await AdminClient(hosts).start()
         try:
             found = []
@@ -180,8 +191,6 @@ class Worker:
 
     def poll(self) -> WorkerLog:
         """Read what the worker wrote since the last poll."""
-        import json
-
         try:
             with open(self.journal, "rb") as file:
                 file.seek(self._offset)
@@ -413,12 +422,3 @@ class Run:
                 worker.proc.wait(timeout=10)
             if worker.proxy is not None:
                 worker.proxy.stop()
-
-
-@contextlib.contextmanager
-def resumed(server: ServerProcess) -> Iterator[ServerProcess]:
-    """Make sure a server paused inside the block runs again after it."""
-    try:
-        yield server
-    finally:
-        server.resume()

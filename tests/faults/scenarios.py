@@ -75,12 +75,16 @@ class Scenario:
     own_server: bool = False
     #: needs a TcpProxy in front of the server
     proxy: bool = False
+    #: needs a ZooKeeper ensemble we started
+    ensemble: bool = False
 
     def applies(self, target: Target) -> bool:
         if self.kinds is not None and target.kind not in self.kinds:
             return False
         if self.own_server and target.server is None:
             return False
+        if self.ensemble != (getattr(target, "ensemble", None) is not None):
+            return False  # an ensemble runs its own scenarios only
         return not (self.proxy and not target.can_proxy)
 
 
@@ -376,6 +380,42 @@ async def pubsub_killed(target: Target, store_url: str, workdir: Path, settings:
     return Outcome("pubsub killed", target.kind, verdict, run.faults, run.notes, time.monotonic() - started)
 
 
+async def leader_lost(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """Kill (then restart) or freeze (then resume) the leader of a ZooKeeper ensemble for
+    1 to 2 ttl while workers contend through every member: the ensemble elects another
+    leader, sessions move; nobody may overlap, and work resumes."""
+    ttl = settings.scaled_ttl()
+    ensemble = getattr(target, "ensemble", None)
+    assert ensemble is not None
+    loop = asyncio.get_running_loop()
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0.5, 1.0) * ttl)
+            leader = await loop.run_in_executor(None, ensemble.leader)
+            hit_at = time.monotonic()
+            kill = rng.random() < 0.5
+            if kill:
+                leader.kill()
+            else:
+                leader.pause()
+            run.faults += 1
+            try:
+                await asyncio.sleep(rng.uniform(1.0, 2.0) * ttl)
+            finally:
+                if kill:
+                    await loop.run_in_executor(None, leader.start)
+                else:
+                    leader.resume()
+            await loop.run_in_executor(None, ensemble.wait_serving, len(ensemble.servers))
+            if not await _work_resumes(run, hit_at, 30 * ttl):
+                run.extra_violations.append("no section started after the leader came back")
+        await _until_done(run)
+
+    return await _run("leader lost", target, store_url, workdir, settings, body)
+
+
 async def _wait_for(probe: Callable[[], Awaitable[int]], want: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while await probe() < want:
@@ -394,6 +434,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("restarted-empty", server_restarted, kinds=("redis",), own_server=True),
     Scenario("script-flush", script_flush, kinds=("redis",)),
     Scenario("pubsub-killed", pubsub_killed, kinds=("redis",)),
+    Scenario("leader-lost", leader_lost, kinds=("zookeeper",), ensemble=True),
 )
 
 

@@ -160,6 +160,7 @@ class Worker:
         except TimeoutError:
             try:
                 seen = repr(await asyncio.wait_for(lock.info(), config.ttl))
+                seen += await _listening(locks, config.name)
             except Exception as exc:  # noqa: BLE001 - only for the report
                 seen = f"info failed: {exc!r}"
             self.journal.write(
@@ -227,6 +228,20 @@ class Worker:
                 self.journal.write(ev="violation", what=f"hold {owner} left on the server after a cancellation")
                 return
             await asyncio.sleep(0.01)
+
+
+async def _listening(locks: asynclock.Locks, name: str) -> str:
+    """For a report on Redis: who listens for releases of ``name``, and how this client's listener fared."""
+    from asynclock.backends.redis import RedisBackend
+
+    backend = locks.backend
+    if not isinstance(backend, RedisBackend):
+        return ""
+    channel = backend.channel(name)
+    numsub = await backend.client.pubsub_numsub(channel)
+    listener = backend._listener
+    reconnects = listener.reconnects if listener is not None else None
+    return f"; subscribers of {channel}: {numsub}; this client's listener reconnected {reconnects} times"
 
 
 def main(argv: list[str]) -> None:
