@@ -595,6 +595,8 @@ class ZooKeeperBackend:
         self._forget(node)
         node.held = False
         task = self._spawn(self._cleanup(node))
+        if not self._session.connected:
+            return  # nothing can be deleted now: the clean-up goes on once reconnected
         with contextlib.suppress(TimeoutError, LockError):
             async with asyncio.timeout(self._session.timeout):
                 await asyncio.shield(task)
