@@ -449,6 +449,11 @@ class ZkSession:
             if pending is None:
                 return
             if code == SESSION_EXPIRED:
+                # Taken out of the pending table above, so _drop will not fail
+                # it: answer its caller here, or it would wait forever.
+                if not pending.future.done():
+                    pending.future.set_exception(ZkConnectionLoss("the ZooKeeper session expired"))
+                    pending.future.exception()  # retrieved: callers may have gone
                 self._expire("a request was answered SessionExpired")
                 self._drop(conn, "session expired")
                 return
