@@ -39,8 +39,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=6, help="worker processes per scenario (default 6)")
     parser.add_argument("--ttl", type=float, default=1.0, help="lease ttl in seconds (default 1)")
     parser.add_argument("--round", type=float, default=20.0, help="seconds per scenario run (default 20)")
-    parser.add_argument("--scenario", action="append", default=[], help="only these scenarios (repeatable)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        choices=[scenario.name for scenario in SCENARIOS],
+        help="only these scenarios (repeatable)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random choices (default 0)")
     return parser.parse_args(argv)
 
 
@@ -77,8 +83,8 @@ async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: st
     )
     plan = [
         (target, scenario)
-        for target in targets
         for scenario in SCENARIOS
+        for target in targets
         if scenario.applies(target) and (not args.scenario or scenario.name in args.scenario)
     ]
     if not plan:
