@@ -46,6 +46,8 @@ _RETRY_MAX = 1.0
 #: Longest time a single request may take before it counts as failed, when
 #: the caller's own timeout is shorter (capped at a third of the lease time).
 _REQUEST_WINDOW = 1.0
+#: Why an acquire in progress ends when its client is closed (like a queued wait does).
+_CLOSED = "the Locks client was closed while this acquire was in progress"
 
 
 def current_owner() -> str:
@@ -127,12 +129,20 @@ class Locks:
         if self._closed:
             return
         self._closed = True
+        if self._hub is not None:
+            self._hub.wake_all()  # waiting acquires of other tasks see the client closed
         if self._keeper is not None:
             leases = self._keeper.holds()
             for lease in leases:
                 self._keeper.remove(lease)
                 self._forget(lease)
-                lease._released = True
+                # Like a loss: every body under it is cancelled before the
+                # release below lets anybody else in.
+                lease._reason = "the client was closed while the lock was held"
+                if lease._lost_event is not None:
+                    lease._lost_event.set()
+                for scope in lease._scopes:
+                    scope.cancel()
             if leases:
                 # A courtesy to the next holder, bounded: a hold we cannot
                 # release now expires by itself (nobody renews it any more).
@@ -385,6 +395,8 @@ class Lock:
         async with hub.watch(self.name) as waiter:
             while True:
                 waiter.clear()
+                if locks._closed:
+                    raise BackendUnavailable(_CLOSED)
                 result = await self._attempt(hold, owner, server_deadline, keeper)
                 if isinstance(result, Lease):
                     return self._got(result, started)
@@ -404,7 +416,10 @@ class Lock:
                     # forever for a server that stays away.
                     failing_since = now if failing_since is None else failing_since
                     if deadline is not None and now >= deadline and last_busy is not None:
-                        # The server answered "taken" before; the time is up.
+                        # The server answered "taken" before; the time is up. This
+                        # try may have gone through unseen: give it back by identity.
+                        if not isinstance(result, _HoldRetired):  # (a retired one is rolled back)
+                            self._probe_release(hold, owner)
                         self._give_up(hold, owner, last_busy, timeout, started)
                     if server_deadline is not None and now >= server_deadline:
                         self._give_up(hold, owner, result, timeout, started)
@@ -568,6 +583,8 @@ class Lock:
         if isinstance(result, Busy):
             return result
         lease.token = result.token
+        if locks._closed:
+            await _give_back_closed(locks, lease)
         if loop.time() >= lease._expires_at:
             # The answer came too late to be trusted; give it back.
             locks._spawn(locks._release_on_server(lease, raise_errors=False))
@@ -614,6 +631,8 @@ class Lock:
         if result is None:
             self._give_up(hold, owner, Busy(None), timeout, started)
         lease.token = result.token
+        if locks._closed:
+            await _give_back_closed(locks, lease)
         lease._acquired_at = loop.time()  # held from the grant, not from joining the queue
         if result.confirmed_at is not None:
             lease._renewed(result.confirmed_at)
@@ -646,24 +665,36 @@ class Lock:
             raise _unavailable(last.__cause__ or last) from last.__cause__
         if isinstance(last, BaseException):
             # An earlier try may have gone through unseen: give it back by identity.
-            probe = Lease(
-                name=self.name,
-                owner=owner,
-                hold=hold,
-                ttl=self.ttl,
-                lease_time=locks._backend.lease_time(self.ttl),
-                sent_at=loop.time(),
-                on_lost=locks._lease_lost,
-            )
-            locks._spawn(locks._release_on_server(probe, raise_errors=False))
+            self._probe_release(hold, owner)
             raise _unavailable(last) from last
         raise LockTimeout(self.name, timeout)
+
+    def _probe_release(self, hold: str, owner: str) -> None:
+        """Release ``hold`` in the background, in case a try whose answer was lost got it."""
+        locks = self._locks
+        probe = Lease(
+            name=self.name,
+            owner=owner,
+            hold=hold,
+            ttl=self.ttl,
+            lease_time=locks._backend.lease_time(self.ttl),
+            sent_at=asyncio.get_running_loop().time(),
+            on_lost=locks._lease_lost,
+        )
+        locks._spawn(locks._release_on_server(probe, raise_errors=False))
 
     def _got(self, lease: Lease, started: float) -> Lease:
         locks = self._locks
         wait = asyncio.get_running_loop().time() - started
         locks._emit("acquired", self.name, lease.owner, lease.token, wait_s=wait)
         return lease
+
+
+async def _give_back_closed(locks: Locks, lease: Lease) -> NoReturn:
+    """An acquire answered after its client was closed: release it (bounded) and refuse."""
+    soon = asyncio.get_running_loop().time() + 2 * _REQUEST_WINDOW
+    await _shielded(locks, locks._release_on_server(lease, raise_errors=False, give_up=soon))
+    raise BackendUnavailable(_CLOSED)
 
 
 async def _settle(locks: Locks, coro: Coroutine[Any, Any, None]) -> None:

@@ -38,6 +38,8 @@ T = TypeVar("T")
 FENCE_LIFETIME_MS = 24 * 3600 * 1000
 #: Leases renewed by one script call.
 RENEW_CHUNK = 1000
+#: Longest wait for the server to confirm a SUBSCRIBE, in seconds.
+SUBSCRIBE_TIMEOUT = 1.0
 
 
 def _ms(seconds: float) -> int:
@@ -348,7 +350,12 @@ class _Listener:
         except (redis_errors.RedisError, OSError) as exc:
             logger.debug("SUBSCRIBE failed, the listener will reconnect: %r", exc)
             return
-        await future
+        # A connection that stopped answering (no read timeout on it) must not
+        # hold the waiter for ever: it is bounded by the holder's lease anyway,
+        # and the late confirmation still resolves this future.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SUBSCRIBE_TIMEOUT):
+                await asyncio.shield(future)
 
     async def unsubscribe(self, name: str) -> None:
         channel = self._channel_of(name).encode()

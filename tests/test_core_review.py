@@ -1,0 +1,161 @@
+"""Interleavings found by reviewing the core (front, watchdog, wake-ups), run per backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+import asynclock
+from asynclock import BackendUnavailable, LockLost, LockTimeout
+from tests.harness import Harness, eventually
+from tests.servers import RedisServer, scaled
+from tests.servers.proxy import TcpProxy
+
+pytestmark = pytest.mark.anyio
+
+TTL = scaled(0.6)
+
+
+@pytest.fixture
+async def admin_fresh(redis_fresh: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_fresh.url)
+    yield client
+    await client.aclose()
+
+
+async def test_aclose_cancels_a_running_body_before_it_releases(harness: Harness) -> None:
+    """Closing a client while an ``async with`` body runs under one of its
+    leases: the body is cancelled (and gets LockLost) before another client
+    can take the lock, not left running while the server lets a successor in."""
+    closing = harness.connect(ttl=10 * TTL)
+    other = harness.connect(ttl=TTL)
+    order: list[str] = []
+    entered = asyncio.Event()
+
+    async def holder() -> None:
+        try:
+            async with closing.lock("closed-under-body"):
+                entered.set()
+                try:
+                    await asyncio.sleep(30 * TTL)
+                except asyncio.CancelledError:
+                    order.append("body cancelled")
+                    raise
+        except LockLost:
+            order.append("LockLost")
+
+    task = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(entered.wait(), 10 * TTL)
+        await closing.aclose()
+        lease = await other.lock("closed-under-body").acquire(timeout=20 * TTL)
+        order.append("successor acquired")
+        assert lease.token is not None or not getattr(harness, "has_tokens", True)
+        await other.lock("closed-under-body").release()
+        assert order[:1] == ["body cancelled"], order
+        await asyncio.wait_for(task, 10 * TTL)
+        assert order == ["body cancelled", "LockLost", "successor acquired"], order
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_aclose_ends_a_waiting_acquire_without_a_hold(harness: Harness) -> None:
+    """An acquire waiting in another task when its client is closed ends with
+    an error; it never gets the lock afterwards (with nobody left to release it,
+    and a fresh watchdog renewing it for ever)."""
+    holder = harness.connect(ttl=TTL)
+    closing = harness.connect(ttl=TTL)
+    lock = holder.lock("closed-while-waiting")
+    await lock.acquire()
+    waiting = asyncio.create_task(closing.lock("closed-while-waiting").acquire())
+    try:
+        await asyncio.sleep(TTL / 3)  # the waiter tried once and waits now
+        assert not waiting.done()
+        await closing.aclose()
+        await lock.release()
+        with pytest.raises(BackendUnavailable, match="closed"):
+            await asyncio.wait_for(waiting, 10 * TTL)
+        info = await holder.lock("closed-while-waiting").info()
+        assert info.owner is None or not info.owner.startswith(closing.client_id), info
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+
+
+async def test_a_subscribe_into_a_black_hole_does_not_outlast_the_acquire_timeout(redis_fresh: RedisServer) -> None:
+    """The pub/sub connection is up but stops answering (a silently dropped
+    idle connection): an acquire with a timeout still ends, it does not wait
+    for ever for the SUBSCRIBE confirmation."""
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        via = asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=TTL)
+        direct = asynclock.connect(redis_fresh.url, ttl=30 * TTL)
+        async with via, direct:
+            first = direct.lock("warm")
+            await first.acquire()
+
+            async def wait_then_release() -> None:
+                async with via.lock("warm"):
+                    pass
+
+            warm = asyncio.create_task(wait_then_release())
+            await eventually(lambda: via._hub is not None and via._hub.waiting("warm") == 1, scaled(5), "a waiter")
+            await first.release()  # the listener is connected and delivers this release
+            await asyncio.wait_for(warm, scaled(5))
+
+            await direct.lock("stalled").acquire()
+            proxy.blackhole()
+            try:
+                with pytest.raises((BackendUnavailable, LockTimeout)):
+                    await asyncio.wait_for(via.lock("stalled").acquire(timeout=TTL), scaled(20))
+            finally:
+                proxy.heal()
+            await direct.lock("stalled").release()
+
+
+async def test_a_try_answered_lost_at_the_deadline_gives_the_lock_back(
+    redis_fresh: RedisServer, admin_fresh: aioredis.Redis
+) -> None:
+    """The last try of a timed-out acquire reaches the server (and takes the
+    lock) but its answer is lost: the acquire raises LockTimeout, and the hold
+    it may have got is given back by its identity, not left held for a whole
+    ttl with nobody to renew or release it."""
+    long_ttl = scaled(60)
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        via = asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=long_ttl)
+        direct = asynclock.connect(redis_fresh.url, ttl=long_ttl)
+        async with via, direct:
+            holder = direct.lock("lost-answer")
+            await holder.acquire()
+            waiting = asyncio.create_task(via.lock("lost-answer").acquire(timeout=0.5))
+            try:
+                await eventually(
+                    lambda: via._hub is not None and via._hub.waiting("lost-answer") == 1, scaled(5), "a waiter"
+                )
+                proxy.delay(0.3)  # each way: the answer comes >= 0.6 s after the release, past the deadline
+                await holder.release()
+
+                async def owner() -> str:
+                    return (await admin_fresh.hget("asynclock:{lost-answer}", "owner") or b"").decode()
+
+                loop = asyncio.get_running_loop()
+                give_up = loop.time() + scaled(10)
+                while not (await owner()).startswith(via.client_id):
+                    assert loop.time() < give_up and not waiting.done(), "the try never reached the server"
+                    await asyncio.sleep(0.005)
+                proxy.refuse()
+                proxy.reset()  # the answer, still in the proxy, is lost; reconnects are refused
+                with pytest.raises((LockTimeout, BackendUnavailable)):
+                    await asyncio.wait_for(waiting, scaled(10))
+            finally:
+                proxy.heal()
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+            # Far sooner than the ttl (which nobody renews): given back by identity.
+            give_up = loop.time() + scaled(10)
+            while (await owner()).startswith(via.client_id):
+                assert loop.time() < give_up, "the hold got by the timed-out acquire was left on the server"
+                await asyncio.sleep(0.02)
