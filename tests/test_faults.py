@@ -2,7 +2,7 @@
 
 Each scenario runs a few worker processes for a few seconds against a real
 server, injects its fault a couple of times and fails on any violation the
-checker finds (see ``tests/faults``). The torture tier (``-m slow``, or
+checker finds (see ``tests/faults``). The torture tier (``--run-slow``, or
 ``python -m tests.faults``) runs the same scenarios longer and with more workers.
 """
 
