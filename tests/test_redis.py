@@ -62,18 +62,20 @@ async def test_connection_cut_past_the_ttl_cancels_before_anyone_else_gets_in(re
         async with cut, direct:
             cancelled_at: list[float] = []
             successor_at: list[float] = []
+            holding = asyncio.Event()
 
             async def holder() -> None:
                 with pytest.raises(LockLost):
                     async with cut.lock("cut"):
                         proxy.blackhole()
+                        holding.set()
                         try:
                             await asyncio.sleep(60)
                         finally:
                             cancelled_at.append(loop.time())
 
             async def successor() -> None:
-                await asyncio.sleep(0.05)
+                await holding.wait()  # only once the holder holds (and is cut off)
                 async with direct.lock("cut"):
                     successor_at.append(loop.time())
 
