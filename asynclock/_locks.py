@@ -571,7 +571,7 @@ class Lock:
         except asyncio.CancelledError:
             # The request may still run on the server: once it has answered,
             # give back anything it got, before the cancellation goes on.
-            await _settle(locks, self._rollback(task, lease))
+            await _settle(locks, self._rollback(task, lease), min(lease._lease_time / 3, _REQUEST_WINDOW))
             raise
         except (LockError, OSError, TimeoutError) as exc:
             if not task.done():
@@ -618,12 +618,12 @@ class Lock:
                 result = await asyncio.shield(task)
         except asyncio.CancelledError:
             task.cancel()  # the backend leaves the queue; if it got the lock anyway, give it back
-            await _settle(locks, self._rollback(task, lease))
+            await _settle(locks, self._rollback(task, lease), min(lease._lease_time / 3, _REQUEST_WINDOW))
             raise
         except (LockError, OSError, TimeoutError) as exc:
             if not task.done():  # our outer bound fired: leave the queue, time is up
                 task.cancel()
-                await _settle(locks, self._rollback(task, lease))
+                await _settle(locks, self._rollback(task, lease), min(lease._lease_time / 3, _REQUEST_WINDOW))
                 self._give_up(hold, owner, Busy(None), timeout, started)
             locks._spawn(locks._release_on_server(lease, raise_errors=False))
             locks._emit("timeout", self.name, owner, None, wait_s=loop.time() - started)
@@ -697,11 +697,20 @@ async def _give_back_closed(locks: Locks, lease: Lease) -> NoReturn:
     raise BackendUnavailable(_CLOSED)
 
 
-async def _settle(locks: Locks, coro: Coroutine[Any, Any, None]) -> None:
-    """Run ``coro`` to the end even if the caller is cancelled again meanwhile."""
+async def _settle(locks: Locks, coro: Coroutine[Any, Any, None], within: float) -> None:
+    """Run ``coro`` in its own task and wait for it, through repeated
+    cancellations of the caller (anyio delivers a scope's again and again), for
+    at most ``within`` seconds; past that it goes on in the background, so a
+    cancellation is not held up for the several ttls a clean-up may take."""
     task = locks._spawn(coro)
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.shield(task)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + within
+    while not task.done():
+        left = give_up - loop.time()
+        if left <= 0:
+            return
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task}, timeout=left)
 
 
 async def _shielded(locks: Locks, coro: Coroutine[Any, Any, T]) -> T:

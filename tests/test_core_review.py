@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 import redis.asyncio as aioredis
 
@@ -159,3 +160,61 @@ async def test_a_try_answered_lost_at_the_deadline_gives_the_lock_back(
             while (await owner()).startswith(via.client_id):
                 assert loop.time() < give_up, "the hold got by the timed-out acquire was left on the server"
                 await asyncio.sleep(0.02)
+
+
+async def test_an_outer_timeout_ends_an_acquire_on_a_black_holed_server_long_before_the_ttl(
+    redis_fresh: RedisServer,
+) -> None:
+    """Cancelling an acquire whose request went into a black hole gives back
+    what it may have got in the background: the cancellation itself is not held
+    for the several ttls that clean-up may take."""
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        via = asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=scaled(60))
+        async with via:
+
+            async def warm() -> None:
+                async with via.lock("warm"):
+                    pass
+
+            await warm()
+            proxy.blackhole()
+
+            async def bounded() -> None:
+                async with asyncio.timeout(scaled(0.3)):
+                    await via.lock("into-the-hole").acquire()
+
+            task = asyncio.create_task(bounded())
+            try:
+                done, _ = await asyncio.wait({task}, timeout=scaled(10))
+                assert task in done, "the cancelled acquire was held up by its clean-up"
+                with pytest.raises(TimeoutError):
+                    task.result()
+            finally:
+                proxy.heal()
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_an_anyio_cancel_scope_gives_back_a_hold_before_the_cancellation_propagates(
+    redis_fresh: RedisServer, admin_fresh: aioredis.Redis
+) -> None:
+    """anyio delivers a scope's cancellation again and again while the task
+    waits: the release-if-owner of a cancelled acquire still runs to the end
+    before the scope is left (bounded), so nothing is held once it is."""
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        via = asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=scaled(3))
+        async with via:
+
+            async def warm() -> None:
+                async with via.lock("warm"):
+                    pass
+
+            await warm()
+            proxy.delay(0.1)  # each way: the acquire runs on the server about 0.1 s after it is sent
+            try:
+                with anyio.move_on_after(0.15) as scope:
+                    await via.lock("scoped").acquire()
+                assert scope.cancelled_caught
+                assert await admin_fresh.exists("asynclock:{scoped}") == 0, "a hold outlived the cancelled acquire"
+            finally:
+                proxy.heal()
