@@ -133,16 +133,19 @@ class Locks:
             self._hub.wake_all()  # waiting acquires of other tasks see the client closed
         if self._keeper is not None:
             leases = self._keeper.holds()
+            me = current_owner()
             for lease in leases:
                 self._keeper.remove(lease)
                 self._forget(lease)
                 # Like a loss: every body under it is cancelled before the
-                # release below lets anybody else in.
+                # release below lets anybody else in (but not the caller's own
+                # body, which would cut this close short; it gets LockLost on leaving).
                 lease._reason = "the client was closed while the lock was held"
                 if lease._lost_event is not None:
                     lease._lost_event.set()
-                for scope in lease._scopes:
-                    scope.cancel()
+                if lease.owner != me:
+                    for scope in lease._scopes:
+                        scope.cancel()
             if leases:
                 # A courtesy to the next holder, bounded: a hold we cannot
                 # release now expires by itself (nobody renews it any more).
@@ -649,8 +652,11 @@ class Lock:
         try:
             async with asyncio.timeout_at(give_up):
                 result = await task
-        except BaseException:  # noqa: BLE001 - the outcome is unknown: release by identity
+        except BaseException as exc:  # the outcome is unknown: release by identity
             task.cancel()
+            current = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and current is not None and current.cancelling():
+                raise  # this clean-up itself is stopped (the client is closing)
             result = Acquired(None)
         if isinstance(result, Acquired):
             await self._locks._release_on_server(lease, raise_errors=False)

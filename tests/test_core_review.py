@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
+from tests.faults import hygiene
 from tests.harness import Harness, eventually
 from tests.servers import RedisServer, scaled
 from tests.servers.proxy import TcpProxy
@@ -218,3 +219,47 @@ async def test_an_anyio_cancel_scope_gives_back_a_hold_before_the_cancellation_p
                 assert await admin_fresh.exists("asynclock:{scoped}") == 0, "a hold outlived the cancelled acquire"
             finally:
                 proxy.heal()
+
+
+async def test_aclose_from_inside_a_held_body_still_closes_everything(harness: Harness) -> None:
+    """A task that closes its client from inside its own ``async with`` body:
+    the close is not cut short by the cancellation of that very body (the
+    lease is still released and the watchdog stopped); leaving the block
+    raises LockLost."""
+    locks = harness.connect(ttl=TTL)
+    other = harness.connect(ttl=TTL)
+    with pytest.raises(LockLost):
+        async with locks.lock("self-closed"):
+            await locks.aclose()
+    assert locks._keeper is not None and locks._keeper._task is None
+    async with asyncio.timeout(10 * TTL), other.lock("self-closed"):
+        pass
+
+
+async def test_aclose_stops_a_rollback_that_cannot_reach_the_server(redis_fresh: RedisServer) -> None:
+    """The clean-up of a cancelled acquire goes on in the background while the
+    server does not answer; closing the client stops it (it does not swallow
+    the cancellation and go on releasing through a closed client for ttls)."""
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        via = asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=scaled(60))
+        try:
+
+            async def warm() -> None:
+                async with via.lock("warm"):
+                    pass
+
+            await warm()
+            proxy.blackhole()
+
+            async def bounded() -> None:
+                async with asyncio.timeout(scaled(0.3)):
+                    await via.lock("rolled-back").acquire()
+
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(bounded(), scaled(10))
+            await asyncio.wait_for(via.aclose(), scaled(10))
+            left = await hygiene.pending_asynclock_tasks(grace=scaled(1))
+            assert not left, left
+        finally:
+            proxy.heal()
+            await via.aclose()
