@@ -263,3 +263,17 @@ async def test_aclose_stops_a_rollback_that_cannot_reach_the_server(redis_fresh:
         finally:
             proxy.heal()
             await via.aclose()
+
+
+async def test_listing_names_on_an_unreachable_server_raises_backend_unavailable(redis_fresh: RedisServer) -> None:
+    """``names()`` (used by ``asynclock inspect`` without names) translates
+    redis-py's errors like every other request: no raw redis exception."""
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        async with asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=TTL) as locks:
+            async with locks.lock("listed"):
+                assert await locks.backend.names() == ["listed"]  # type: ignore[attr-defined]
+                proxy.refuse()
+                proxy.reset()
+                with pytest.raises(BackendUnavailable):
+                    await locks.backend.names()  # type: ignore[attr-defined]
+                proxy.heal()

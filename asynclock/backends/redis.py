@@ -294,10 +294,13 @@ class RedisBackend:
         """Names of the locks currently held under this client's prefix."""
         found = []
         start = len(self._prefix) + 2
-        async for key in self._client.scan_iter(match=f"{self._prefix}:{{*}}", count=1000):
-            text = _text(key) or ""
-            if text.endswith("}") and not text.endswith(":fence") and not text.endswith(":released"):
-                found.append(text[start:-1])
+        try:
+            async for key in self._client.scan_iter(match=f"{self._prefix}:{{*}}", count=1000):
+                text = _text(key) or ""
+                if text.endswith("}") and not text.endswith(":fence") and not text.endswith(":released"):
+                    found.append(text[start:-1])
+        except (redis_errors.RedisError, OSError) as exc:
+            raise _translate(exc) from exc
         return found
 
     async def aclose(self) -> None:
