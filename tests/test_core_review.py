@@ -277,3 +277,31 @@ async def test_listing_names_on_an_unreachable_server_raises_backend_unavailable
                 with pytest.raises(BackendUnavailable):
                     await locks.backend.names()  # type: ignore[attr-defined]
                 proxy.heal()
+
+
+async def test_an_acquire_in_flight_while_its_client_closes_ends_with_backend_unavailable(
+    redis_fresh: RedisServer,
+) -> None:
+    """The client is closed while an acquire's first try is on the wire and the
+    lock is taken: the acquire ends with BackendUnavailable, not with an
+    AssertionError from subscribing on a backend that was closed meanwhile."""
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        async with asynclock.connect(redis_fresh.url, ttl=TTL) as direct:
+            async with direct.lock("in-flight"):
+                closing = asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=TTL)
+                try:
+
+                    async def warm() -> None:
+                        async with closing.lock("warm"):
+                            pass
+
+                    await warm()
+                    proxy.delay(0.05)
+                    task = asyncio.create_task(closing.lock("in-flight").acquire(timeout=10 * TTL))
+                    await asyncio.sleep(0.01)  # the try is sent, its answer not back yet
+                    await closing.aclose()
+                    with pytest.raises(BackendUnavailable):
+                        await asyncio.wait_for(task, scaled(10))
+                finally:
+                    proxy.heal()
+                    await closing.aclose()

@@ -270,7 +270,8 @@ class RedisBackend:
         return results
 
     async def subscribe(self, name: str) -> None:
-        assert self._listener is not None, "start() first"
+        if self._listener is None:  # closed (or not started): no notifications to wait for
+            raise BackendUnavailable("the Redis backend is closed")
         await self._listener.subscribe(name)
 
     async def unsubscribe(self, name: str) -> None:
