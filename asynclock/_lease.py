@@ -292,6 +292,9 @@ class LeaseKeeper:
                 results = list(await self._backend.renew(items))
         except (LockError, OSError, TimeoutError) as exc:
             results = [exc] * len(live)
+        except Exception as exc:  # a backend bug must not kill the one watchdog of every lease
+            logger.exception("renew call of %s failed unexpectedly", type(self._backend).__name__)
+            results = [exc] * len(live)
         now = loop.time()
         for lease, result in zip(live, results, strict=True):
             if lease._hold not in self._leases:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
@@ -305,3 +306,28 @@ async def test_an_acquire_in_flight_while_its_client_closes_ends_with_backend_un
                 finally:
                     proxy.heal()
                     await closing.aclose()
+
+
+async def test_one_unexpected_renew_error_does_not_stop_the_watchdog(redis_server: RedisServer) -> None:
+    """A backend bug that raises something unexpected from one renew call is
+    retried like a failed renewal; it does not kill the one watchdog task
+    (after which every lease of the client would silently go unrenewed)."""
+    async with asynclock.connect(redis_server.url, ttl=TTL, prefix="keeper-survives") as locks:
+        backend = locks.backend
+        real_renew = backend.renew
+        failures = 0
+
+        async def renew_failing_once(items: Any) -> Any:
+            nonlocal failures
+            if failures == 0:
+                failures += 1
+                raise ValueError("a bug in a backend")
+            return await real_renew(items)
+
+        backend.renew = renew_failing_once  # type: ignore[method-assign]
+        async with locks.lock("survives") as lease:
+            first_deadline = lease.expires_at
+            while asyncio.get_running_loop().time() < first_deadline + TTL / 2:
+                await asyncio.sleep(TTL / 10)
+            assert failures == 1
+            assert not lease.lost, lease.lost_reason
