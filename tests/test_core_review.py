@@ -162,6 +162,9 @@ async def test_a_try_answered_lost_at_the_deadline_gives_the_lock_back(
             while (await owner()).startswith(via.client_id):
                 assert loop.time() < give_up, "the hold got by the timed-out acquire was left on the server"
                 await asyncio.sleep(0.02)
+            # Let the proxy's pumps still sleeping out the 0.3 s delay of reset
+            # connections end before the proxy stops (else their errors go unretrieved).
+            await asyncio.sleep(0.5)
 
 
 async def test_an_outer_timeout_ends_an_acquire_on_a_black_holed_server_long_before_the_ttl(
