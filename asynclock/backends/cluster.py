@@ -219,7 +219,8 @@ class ClusterBackend(RedisBackend):
         return results
 
     async def subscribe(self, name: str) -> None:
-        assert self._shards is not None, "start() first"
+        if self._shards is None:  # closed meanwhile (or never started)
+            raise BackendUnavailable("the Redis Cluster backend is closed")
         await self._shards.subscribe(name)
 
     async def unsubscribe(self, name: str) -> None:

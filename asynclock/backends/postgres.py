@@ -386,7 +386,8 @@ class PostgresBackend:
         return Busy(None) if got is None else got
 
     async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
-        assert self._slots is not None and self._pool is not None, "start() first"
+        if self._slots is None or self._pool is None:  # closed meanwhile (or never started)
+            raise BackendUnavailable("the PostgreSQL backend is closed")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         # A place among this client's lease connections: waiting for one is
@@ -675,7 +676,8 @@ class PostgresBackend:
         """Nothing to do: the server's lock queue wakes waiters itself."""
 
     async def info(self, name: str) -> LockInfo:
-        assert self._pool is not None, "start() first"
+        if self._pool is None:  # closed meanwhile (or never started)
+            raise BackendUnavailable("the PostgreSQL backend is closed")
         high, low = self._key_of(name)
         # pg_locks shows the two-int key as unsigned oids, objsubid 2.
         sql = f"""
@@ -718,7 +720,8 @@ class PostgresBackend:
 
     async def names(self) -> list[str]:
         """Names under this client's table whose lock is held right now."""
-        assert self._pool is not None, "start() first"
+        if self._pool is None:  # closed meanwhile (or never started)
+            raise BackendUnavailable("the PostgreSQL backend is closed")
         sql = f"""
             SELECT f.name FROM {_table_sql(self._table)} f
             WHERE EXISTS (
