@@ -53,17 +53,20 @@ end
 return 0
 """
 
-# KEYS[1] lock hash, KEYS[2] release channel
+# KEYS[1] lock hash, KEYS[2] release channel (same slot)
 # ARGV[1] hold id
 # returns 1 if released (and one message published), 0 if ARGV[1] did not hold it (no change)
-RELEASE = """
+_RELEASE = """
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], ARGV[1])
+  redis.call('{publish}', KEYS[2], ARGV[1])
   return 1
 end
 return 0
 """
+RELEASE = _RELEASE.format(publish="PUBLISH")
+#: The same for Redis Cluster, announcing on the lock's shard channel (Redis >= 7).
+RELEASE_SHARDED = _RELEASE.format(publish="SPUBLISH")
 
 # KEYS[i] lock hash of the i-th lease
 # ARGV[2i-1] its hold id, ARGV[2i] its ttl in ms (always > 0)

@@ -44,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .._errors import BackendUnavailable, LockError
 from .._values import LockInfo
 from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from . import _redis_scripts as scripts
 from .redis import RedisBackend
 
 __all__ = ["ClusterBackend"]
@@ -52,18 +53,6 @@ logger = logging.getLogger("asynclock")
 
 T = TypeVar("T")
 
-# The release script of ``_redis_scripts``, announcing on the shard channel.
-# KEYS[1] lock hash, KEYS[2] release shard channel (same slot)
-# ARGV[1] hold id
-# returns 1 if released (and one message published), 0 if ARGV[1] did not hold it (no change)
-RELEASE_SHARDED = """
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('SPUBLISH', KEYS[2], ARGV[1])
-  return 1
-end
-return 0
-"""
 
 #: Longest wait for a node to confirm a shard subscription, in seconds.
 SUBSCRIBE_TIMEOUT = 1.0
@@ -134,7 +123,7 @@ class ClusterBackend(RedisBackend):
     def __init__(self, client: RedisCluster, *, prefix: str = "asynclock", owns_client: bool = False) -> None:
         super().__init__(client, prefix=prefix, owns_client=owns_client)  # type: ignore[arg-type]
         self._cluster = client
-        self._release = client.register_script(RELEASE_SHARDED)
+        self._release = client.register_script(scripts.RELEASE_SHARDED)
         self._shards: _ShardListener | None = None
 
     @classmethod
