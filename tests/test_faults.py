@@ -35,8 +35,8 @@ FAST = Settings(workers=3, duration=3.0, ttl=0.6, faults=2, margin=1.0)
 #: scenarios of the fast tier per backend (the torture command runs all that apply)
 FAST_SCENARIOS = {
     "redis": [s.name for s in SCENARIOS if s.kinds is None or "redis" in s.kinds],
-    "zookeeper": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen"],
-    "postgres": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen"],
+    "zookeeper": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen", "server-restarted"],
+    "postgres": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen", "server-restarted"],
 }
 #: the torture tier: every scenario that applies, longer, with more workers
 TORTURE = Settings(workers=6, duration=15.0, ttl=1.0, faults=10_000, margin=1.0)
@@ -57,6 +57,17 @@ def store_server() -> Iterator[RedisServer]:
 def fault_redis() -> Iterator[RedisServer]:
     """A redis-server that these tests may freeze, restart and flush."""
     server = RedisServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def fault_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL that these tests may freeze and restart. Commits are synchronous here
+    (the session server's are not, for speed): with ``synchronous_commit=off`` a crash
+    loses the last commits, token increments included, and a token comes again."""
+    server = PostgresServer(extra=["-c", "synchronous_commit=on"])
     server.start()
     yield server
     server.cleanup()
@@ -97,7 +108,7 @@ async def _target(request: pytest.FixtureRequest, kind: str) -> Target:
     elif kind == "zookeeper":
         server = request.getfixturevalue("zookeeper_server")
     else:
-        server = request.getfixturevalue("postgres_server")
+        server = request.getfixturevalue("fault_postgres")
     return target_for(server.url, server)
 
 

@@ -337,15 +337,16 @@ class Run:
     def live(self) -> list[Worker]:
         return [w for w in self.workers if w.alive and w.killed_at is None]
 
-    async def holder(self, timeout: float, min_hold: float = 0.0) -> Worker | None:
+    async def holder(self, timeout: float, min_hold: float = 0.0, *, must_lose: bool = True) -> Worker | None:
         """A live worker inside its critical section right now (None if none shows up in time);
-        with ``min_hold``, only one whose section is planned to last that long."""
+        with ``min_hold``, only one whose section is planned to last that long, and (with
+        ``must_lose``) that the fault about to come must end by LockLost."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for worker in self.live():
                 sid = None if worker.frozen else worker.holding(min_hold)
                 if sid is not None:
-                    if min_hold:
+                    if min_hold and must_lose:
                         self.expect_lost.append((worker.index, sid))
                     return worker
             await asyncio.sleep(0.005)

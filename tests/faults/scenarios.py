@@ -10,6 +10,7 @@ flushes). A scenario that does not apply to a target says so (``applies``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -317,6 +318,47 @@ async def server_restarted(target: Target, store_url: str, workdir: Path, settin
     return await _run("restarted empty", target, store_url, workdir, settings, body, **_long(ttl))
 
 
+async def server_restarted_kept(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """Kill the ZooKeeper or PostgreSQL server (SIGKILL, or now and then a clean stop)
+    while a worker holds, and start it again on the same port and data directory.
+
+    ZooKeeper keeps sessions and ephemeral nodes in its snapshot and log: the
+    lock survives the restart, so nobody may overlap the holder at all (it is
+    cancelled by its own deadline if the server stays away past its session;
+    its node goes when it is deleted or the session expires). PostgreSQL's
+    advisory locks die with their connections: a holder learns at its next
+    ping or by its deadline, so it may overlap a new holder until then (a
+    stale window of one ttl after the restart, where the fence must refuse
+    it), and it must lose its lease. Tokens live in a table and must keep
+    increasing; the counter must lose nothing; work must resume."""
+    ttl = settings.scaled_ttl()
+    server = target.server
+    assert server is not None and hasattr(server, "restart")
+    holds_vanish = target.kind == "postgres"
+    loop = asyncio.get_running_loop()
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0.2, 1.0) * ttl)
+            victim = await run.holder(timeout=20 * ttl, min_hold=3 * ttl, must_lose=holds_vanish)
+            if victim is None:
+                continue
+            crash = rng.random() < 0.75
+            killed_at = time.monotonic()
+            await loop.run_in_executor(None, functools.partial(server.restart, crash=crash))
+            back_at = time.monotonic()
+            run.faults += 1
+            run.notes.append(f"{'killed' if crash else 'stopped'}, back after {back_at - killed_at:.2f}s")
+            if holds_vanish:
+                run.stale.append(StaleWindow(killed_at, back_at + ttl))
+            if not await _work_resumes(run, killed_at, 20 * ttl):
+                run.extra_violations.append("no section started after the restart")
+        await _until_done(run)
+
+    return await _run("server restarted", target, store_url, workdir, settings, body, **_long(ttl))
+
+
 async def script_flush(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
     """SCRIPT FLUSH every few tens of milliseconds: invisible, no lease lost."""
     assert isinstance(target, RedisTarget)
@@ -432,6 +474,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("latency", latency, proxy=True),
     Scenario("server-frozen", server_frozen, own_server=True),
     Scenario("restarted-empty", server_restarted, kinds=("redis",), own_server=True),
+    Scenario("server-restarted", server_restarted_kept, kinds=("zookeeper", "postgres"), own_server=True),
     Scenario("script-flush", script_flush, kinds=("redis",)),
     Scenario("pubsub-killed", pubsub_killed, kinds=("redis",)),
     Scenario("leader-lost", leader_lost, kinds=("zookeeper",), ensemble=True),

@@ -29,6 +29,7 @@ they compare across processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -155,17 +156,25 @@ class Worker:
                 await self._check_no_leftover_hold(locks, lock)
                 return
         bound = config.acquire_bound
+        await asyncio.wait([task], timeout=None if bound is None else bound + 2 * config.ttl)
+        if task.done():
+            task.result()
+            return
+        # stuck: say where every task of this process is, then give up on it
+        stacks = _stacks()
         try:
-            await asyncio.wait_for(task, None if bound is None else bound + 2 * config.ttl)
-        except TimeoutError:
-            try:
-                seen = repr(await asyncio.wait_for(lock.info(), config.ttl))
-                seen += await _listening(locks, config.name)
-            except Exception as exc:  # noqa: BLE001 - only for the report
-                seen = f"info failed: {exc!r}"
-            self.journal.write(
-                ev="violation", what=f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}"
-            )
+            seen = repr(await asyncio.wait_for(lock.info(), config.ttl))
+            seen += await _listening(locks, config.name)
+        except Exception as exc:  # noqa: BLE001 - only for the report
+            seen = f"info failed: {exc!r}"
+        self.journal.write(
+            ev="violation",
+            what=f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}; phase "
+            f"{phase[0]}; tasks:\n{stacks}",
+        )
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def _section(self, lock: asynclock.Lock, store: FencedStore, phase: list[str]) -> None:
         config = self.config
@@ -228,6 +237,24 @@ class Worker:
                 self.journal.write(ev="violation", what=f"hold {owner} left on the server after a cancellation")
                 return
             await asyncio.sleep(0.01)
+
+
+def _stacks() -> str:
+    """Where every task of this process is (for the report of a stuck operation)."""
+    lines = []
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task():
+            continue
+        lines.append(f"task {task.get_name()}:")
+        awaited: Any = task.get_coro()
+        while awaited is not None:  # down the chain of awaited coroutines
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+            if frame is None:
+                lines.append(f"    awaiting {awaited!r}"[:300])
+                break
+            lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_qualname}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+    return "\n".join(lines)
 
 
 async def _listening(locks: asynclock.Locks, name: str) -> str:

@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -153,7 +154,8 @@ class PostgresServer(ServerProcess):
             lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
         except OSError:
             return False
-        return len(lines) >= 8 and lines[7].strip() == "ready"
+        # (the first line names the postmaster: after a crash the old file stays behind)
+        return len(lines) >= 8 and lines[0].strip() == str(self.pid) and lines[7].strip() == "ready"
 
     def _children(self) -> list[int]:
         """Pids of the processes the postmaster forked (backends, background workers)."""
@@ -185,6 +187,23 @@ class PostgresServer(ServerProcess):
         os.kill(self.pid, signal.SIGCONT)
         self._paused = False
 
+    def restart(self, *, crash: bool = True, timeout: float = 30.0) -> None:
+        """Stop it (SIGKILL of the postmaster, like a crash, or a fast shutdown) and start it
+        again on the same port and data directory (crash recovery replays the WAL)."""
+        children = self._children()
+        if crash:
+            self.kill()
+            # Its backends notice the postmaster's death and exit; a new postmaster
+            # refuses to start while one of them still holds the shared memory.
+            deadline = time.monotonic() + timeout
+            while any(_alive(pid) for pid in children):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"backends of the killed postmaster still alive: {children}")
+                time.sleep(0.02)
+        else:
+            self.stop()
+        self.start(timeout)
+
     def stop(self) -> None:
         """Fast shutdown (SIGINT: disconnect clients, then exit); SIGKILL after a deadline."""
         if self.proc is None:
@@ -198,3 +217,12 @@ class PostgresServer(ServerProcess):
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self._paused = False
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

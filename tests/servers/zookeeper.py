@@ -137,6 +137,15 @@ class ZooKeeperServer(ServerProcess):
     def is_ready(self) -> bool:
         return self.mode() is not None
 
+    def restart(self, *, crash: bool = True, timeout: float = 60.0) -> None:
+        """SIGKILL (``crash``) or SIGTERM it, then start it again on the same ports and data
+        directory: sessions and ephemeral nodes come back from its snapshot and log."""
+        if crash:
+            self.kill()
+        else:
+            self.stop()
+        self.start(timeout)
+
     def mode(self) -> str | None:
         """``standalone``, ``leader`` or ``follower`` once it serves clients, else None."""
         try:
