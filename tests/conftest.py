@@ -43,8 +43,8 @@ def anyio_backend() -> str:
 @pytest.fixture(autouse=True)
 def _hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
     """After every test: no pending asynclock task, no "Task exception was never
-    retrieved", and the session redis-server and ZooKeeper back to their
-    connection counts."""
+    retrieved", and the session redis-server, ZooKeeper and PostgreSQL back to
+    their client connection counts."""
     from tests.faults import hygiene
 
     if "anyio_backend" in request.fixturenames:
@@ -58,6 +58,9 @@ def _hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
     if "zookeeper_server" in request.fixturenames or backend == "zookeeper":
         port = request.getfixturevalue("zookeeper_server").port
         counters["ZooKeeper"] = lambda: hygiene.zookeeper_connections(port)
+    if "postgres_server" in request.fixturenames or backend == "postgres":
+        dsn = request.getfixturevalue("postgres_server").dsn
+        counters["PostgreSQL"] = lambda: hygiene.postgres_connections(dsn)
     baselines = {name: count() for name, count in counters.items()}
     with hygiene.NeverRetrieved() as never_retrieved:
         yield

@@ -238,6 +238,17 @@ def test_checker_ends_a_killed_holder_at_its_kill_and_flags_a_worker_that_vanish
     assert any("did not finish" in v for v in check([vanished], _store(0)).violations)
 
 
+def test_checker_tells_a_starved_waiter_of_a_non_fair_lock_from_a_lock_that_stood_still() -> None:
+    others = [_section(1, 2.0 + i, 2.5 + i, 5 + i) for i in range(4)]
+    starved = WorkerLog(0, done=True)
+    starved.add({"ev": "stuck", "asked": 1.5, "t": 9.0, "what": "waited", "tasks": ""})
+    verdict = check([starved, *_logs(*others)], _store(4))
+    assert verdict.violations == [] and verdict.starved == 1
+    # the same wait while the lock changed hands only twice: the lock stood still
+    verdict = check([starved, *_logs(*others[:2])], _store(2))
+    assert any("changed hands only 2 times" in v for v in verdict.violations) and verdict.starved == 0
+
+
 # -- a bug the fault harness found, pinned down in one process ----------------------
 
 
@@ -321,3 +332,19 @@ def test_hygiene_sees_a_task_exception_never_retrieved() -> None:
         finally:
             loop.close()
     assert any("never retrieved" in found and "nobody looks at me" in found for found in never_retrieved.found)
+
+
+async def test_hygiene_counts_postgres_client_connections(postgres_server: PostgresServer) -> None:
+    """A connection left open is one more client backend; closed, the count settles back."""
+    import asyncpg
+
+    before = await asyncio.to_thread(hygiene.postgres_connections, postgres_server.dsn)
+    conn = await asyncpg.connect(postgres_server.dsn)
+    try:
+        assert await asyncio.to_thread(hygiene.postgres_connections, postgres_server.dsn) == before + 1
+    finally:
+        await conn.close()
+    settled = await asyncio.to_thread(
+        hygiene.wait_connections, lambda: hygiene.postgres_connections(postgres_server.dsn), before
+    )
+    assert settled == before

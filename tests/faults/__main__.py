@@ -113,7 +113,7 @@ async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: st
         f"\n{runs} scenario runs in {minutes:.1f} min: {total.operations} operations "
         f"({total.sections} critical sections, {total.cancelled_ops} cancelled), {faults} faults injected, "
         f"{total.losses} leases lost, {total.overlaps_allowed} overlaps with a stale holder, "
-        f"{total.refused} stale operations refused, "
+        f"{total.refused} stale operations refused, {total.starved} waiters starved past the bound, "
         f"{len(total.violations)} violations"
     )
     return 1 if total.violations else 0

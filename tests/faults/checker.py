@@ -16,6 +16,12 @@ Invariants, for one lock contended by many processes:
    a section in a stale window (anything else means a token went backwards).
 5. Whatever a worker itself flagged (a hold left behind after a cancellation,
    an operation stuck past its bound), and any worker that died unasked.
+6. **Liveness**: an acquire past its bound is a violation on a backend that
+   queues its waiters (ZooKeeper, PostgreSQL: first come, first served). The
+   plain lock on the other backends is not fair: a waiter can lose every
+   race, so there it is a violation only if the lock stood still meanwhile
+   (fewer than ``STARVED_HANDOVERS`` sections of others started); otherwise
+   it is counted as *starved*.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.faults.store import StoreState
+
+#: a waiter of a non-fair lock past its bound is starved (not a violation) if
+#: others started at least this many sections while it waited
+STARVED_HANDOVERS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +82,8 @@ class WorkerLog:
     unavailable: int = 0
     failed: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    #: acquires past their bound on a backend without a queue: (asked, given up, report)
+    stuck: list[tuple[float, float, str]] = field(default_factory=list)
     done: bool = False
     pid: int | None = None
     client: str | None = None
@@ -119,6 +131,8 @@ class WorkerLog:
             self.failed.append(event["outcome"])
         elif kind == "violation":
             self.violations.append(event["what"])
+        elif kind == "stuck":
+            self.stuck.append((event["asked"], event["t"], f"{event['what']}; tasks:\n{event.get('tasks', '')}"))
         elif kind == "done":
             self.done = True
 
@@ -140,6 +154,8 @@ class Verdict:
     refused: int = 0
     accepted_writes: int = 0
     overlaps_allowed: int = 0
+    #: waiters that lost every race for a non-fair lock past the bound while it kept changing hands
+    starved: int = 0
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -154,6 +170,7 @@ class Verdict:
         self.refused += other.refused
         self.accepted_writes += other.accepted_writes
         self.overlaps_allowed += other.overlaps_allowed
+        self.starved += other.starved
         self.violations += other.violations
 
 
@@ -206,6 +223,18 @@ def check(
                 f"{before.token}, then worker {after.worker} section {after.sid} at {after.start:.4f} "
                 f"with token {after.token}"
             )
+
+    # liveness of a non-fair lock: a waiter past its bound is starved, not stuck,
+    # if the lock kept changing hands meanwhile (others started sections)
+    for log in logs:
+        for asked, given_up, what in log.stuck:
+            others = sum(1 for s in sections if s.worker != log.index and asked <= s.start <= given_up)
+            if others >= STARVED_HANDOVERS:
+                verdict.starved += 1
+            else:
+                verdict.violations.append(
+                    f"worker {log.index}: {what}; the lock changed hands only {others} times meanwhile"
+                )
 
     # 3: the store
     verdict.accepted_writes = store.accepted_writes

@@ -4,8 +4,10 @@
   done with the test (tasks named ``asynclock-*``, or whose coroutine is
   defined in the ``asynclock`` package);
 * no "Task exception was never retrieved" logged by asyncio;
-* the session redis-server and ZooKeeper server have no more client
-  connections than before the test.
+* the session redis-server, ZooKeeper server and PostgreSQL server have no
+  more client connections than before the test (PostgreSQL: client backends
+  in ``pg_stat_activity``; a closed connection's backend may take a moment to
+  exit, so the count is given a few seconds to settle).
 """
 
 from __future__ import annotations
@@ -95,6 +97,44 @@ def zookeeper_connections(port: int) -> int:
 
     lines = four_letter(port, b"cons").decode(errors="replace").splitlines()
     return sum(1 for line in lines if "queued=" in line) - 1
+
+
+#: client backends on a PostgreSQL server, not counting the one asking
+_PG_CLIENTS = """
+    SELECT count(*) FROM pg_stat_activity
+    WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+"""
+
+
+def postgres_connections(url: str) -> int:
+    """Client connections of a PostgreSQL server (``pg_stat_activity``), not counting
+    the one asking nor the server's own background processes."""
+    import threading
+
+    import asyncpg
+
+    async def count() -> int:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            return int(await conn.fetchval(_PG_CLIENTS))
+        finally:
+            await conn.close(timeout=10)
+
+    # its own event loop in its own thread: the caller may be inside a running loop
+    found: list[int | BaseException] = []
+
+    def run() -> None:
+        try:
+            found.append(asyncio.run(count()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            found.append(exc)
+
+    thread = threading.Thread(target=run, name="hygiene-postgres")
+    thread.start()
+    thread.join()
+    if isinstance(found[0], BaseException):
+        raise found[0]
+    return found[0]
 
 
 def wait_connections(count: Callable[[], int], baseline: int, timeout: float = 3.0) -> int:

@@ -59,7 +59,7 @@ class Outcome:
         return (
             f"{self.backend:<9} {self.scenario:<22} ops {v.operations:>5}  faults {self.faults:>3}  "
             f"losses {v.losses:>3}  stale overlaps {v.overlaps_allowed:>2}  refused {v.refused:>3}  "
-            f"violations {len(v.violations)}  ({self.seconds:.1f}s)"
+            f"violations {len(v.violations)}  ({self.seconds:.1f}s)" + (f"  starved {v.starved}" if v.starved else "")
         )
 
 
