@@ -9,6 +9,10 @@ from ._errors import NotHeld as NotHeld
 from ._lease import Lease as Lease
 from ._locks import Lock as Lock
 from ._locks import Locks as Locks
+from ._locks import ReadLock as ReadLock
+from ._locks import RWLock as RWLock
+from ._locks import Semaphore as Semaphore
+from ._locks import WriteLock as WriteLock
 from ._values import LockEvent as LockEvent
 from ._values import LockInfo as LockInfo
 
@@ -25,6 +29,10 @@ __all__ = [
     "LockTimeout",
     "Locks",
     "NotHeld",
+    "RWLock",
+    "ReadLock",
+    "Semaphore",
+    "WriteLock",
     "__version__",
     "connect",
 ]

@@ -26,7 +26,7 @@ from .abc import RenewItem
 if TYPE_CHECKING:
     import anyio
 
-    from .abc import Backend
+    from .abc import Backend, Shape
 
 logger = logging.getLogger("asynclock")
 
@@ -61,6 +61,7 @@ class Lease:
 
     __slots__ = (
         "_acquired_at",
+        "_backend",
         "_backoff",
         "_expires_at",
         "_hold",
@@ -72,6 +73,7 @@ class Lease:
         "_reason",
         "_released",
         "_scopes",
+        "_shape",
         "_ttl",
         "hold_count",
         "name",
@@ -89,6 +91,8 @@ class Lease:
         lease_time: float,
         sent_at: float,
         on_lost: Callable[[Lease, str], None],
+        backend: Backend,
+        shape: Shape,
     ) -> None:
         self.name = name
         self.owner = owner
@@ -107,6 +111,8 @@ class Lease:
         self._lost_event: asyncio.Event | None = None
         self._scopes: list[anyio.CancelScope] = []
         self._on_lost = on_lost
+        self._backend = backend  # the adapter of the primitive this lease holds
+        self._shape = shape
 
     def __repr__(self) -> str:
         state = f"lost: {self._reason}" if self._reason else f"holds={self.hold_count}"
@@ -187,12 +193,7 @@ def _now() -> float:
 class LeaseKeeper:
     """Renews every lease of one client from a single task."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        on_renewed: Callable[[Lease], None],
-    ) -> None:
-        self._backend = backend
+    def __init__(self, on_renewed: Callable[[Lease], None]) -> None:
         self._on_renewed = on_renewed
         self._leases: dict[str, Lease] = {}
         self._heap: list[tuple[float, int, Lease]] = []
@@ -283,20 +284,20 @@ class LeaseKeeper:
                 self._drop_lost(lease, "the trusted deadline passed before the lease could be renewed")
         if not live:
             return
-        items = [RenewItem(lease.name, lease._hold, lease._ttl) for lease in live]
-        bound = min(lease._expires_at for lease in live)
-        results: list[bool | BaseException]
-        self.round_trips += 1
-        try:
-            async with asyncio.timeout_at(bound):
-                results = list(await self._backend.renew(items))
-        except (LockError, OSError, TimeoutError) as exc:
-            results = [exc] * len(live)
-        except Exception as exc:  # a backend bug must not kill the one watchdog of every lease
-            logger.exception("renew call of %s failed unexpectedly", type(self._backend).__name__)
-            results = [exc] * len(live)
+        # One call per primitive adapter (the plain lock, a semaphore, ...), all at once.
+        groups: dict[int, list[Lease]] = {}
+        for lease in live:
+            groups.setdefault(id(lease._backend), []).append(lease)
+        if len(groups) == 1:
+            outcomes = [await self._renew_group(live)]
+        else:
+            outcomes = await asyncio.gather(*(self._renew_group(group) for group in groups.values()))
         now = loop.time()
-        for lease, result in zip(live, results, strict=True):
+        for lease, result in zip(
+            (lease for group in groups.values() for lease in group),
+            (result for results in outcomes for result in results),
+            strict=True,
+        ):
             if lease._hold not in self._leases:
                 continue  # released while the renewal was in flight
             if result is True:
@@ -314,6 +315,20 @@ class LeaseKeeper:
                 lease._next_due = min(now + lease._backoff, lease._expires_at)
                 lease._backoff = min(lease._backoff * 2, lease._ttl / 6)
                 self._push(lease)
+
+    async def _renew_group(self, group: list[Lease]) -> list[bool | BaseException]:
+        backend = group[0]._backend
+        items = [RenewItem(lease.name, lease._hold, lease._ttl) for lease in group]
+        bound = min(lease._expires_at for lease in group)
+        self.round_trips += 1
+        try:
+            async with asyncio.timeout_at(bound):
+                return list(await backend.renew(items))
+        except (LockError, OSError, TimeoutError) as exc:
+            return [exc] * len(group)
+        except Exception as exc:  # a backend bug must not kill the one watchdog of every lease
+            logger.exception("renew call of %s failed unexpectedly", type(backend).__name__)
+            return [exc] * len(group)
 
     def _drop_lost(self, lease: Lease, reason: str) -> None:
         self._leases.pop(lease._hold, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -24,7 +25,7 @@ from ._lease import Lease, LeaseKeeper
 from ._notify import WakeHub
 from ._validate import check_name, check_timeout, check_ttl
 from ._values import EventKind, LockEvent, LockInfo
-from .abc import Acquired, Busy
+from .abc import LOCK, Acquired, Busy, Shape
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -86,7 +87,11 @@ class Locks:
         self._ttl = check_ttl(ttl)
         self._on_event = on_event
         self.client_id = secrets.token_hex(8)
-        self._holds: dict[str, dict[str, Lease]] = {}
+        # (shape, name) -> owner -> lease
+        self._holds: dict[tuple[Shape, str], dict[str, Lease]] = {}
+        # shape -> its adapter and, once started, the hub of its waiters
+        self._adapters: dict[Shape, Backend] = {LOCK: backend}
+        self._hubs: dict[Shape, WakeHub] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._hold_seq = itertools.count(1)
         self._keeper: LeaseKeeper | None = None
@@ -108,12 +113,45 @@ class Locks:
         """The default lease time of this client's locks, in seconds."""
         return self._ttl
 
-    def lock(self, name: str, *, ttl: float | None = None) -> Lock:
+    def lock(self, name: str, *, ttl: float | None = None, fair: bool = False) -> Lock:
         """A handle on the lock ``name``; cheap, no I/O.
 
-        Raises TypeError / ValueError for a bad name or ttl.
+        ``fair=True`` makes it FIFO: waiters get it in the order their acquire
+        reached the server, a new acquire (even ``timeout=0``) never jumps the
+        queue, and a release wakes only the next in line. A fair and a plain
+        lock of the same name are different locks on backends whose plain lock
+        is not FIFO already.
+
+        Raises TypeError / ValueError for a bad name or ttl, and
+        NotImplementedError when the backend has no fair lock.
         """
-        return Lock(self, check_name(name), self._ttl if ttl is None else check_ttl(ttl))
+        if not isinstance(fair, bool):
+            raise TypeError(f"fair must be a bool, not {type(fair).__name__}")
+        return Lock(self, check_name(name), self._check_ttl(ttl), Shape("fair") if fair else LOCK)
+
+    def rw_lock(self, name: str, *, ttl: float | None = None) -> RWLock:
+        """A read-write lock: ``.read`` may be held by many tasks at once, ``.write`` by one.
+
+        A waiting writer keeps new readers out, so a stream of readers cannot
+        starve it. The holder of ``.write`` may also take ``.read`` (it joins
+        the write hold); taking ``.write`` while holding only ``.read`` raises
+        :class:`LockError` instead of deadlocking. Cheap, no I/O.
+        """
+        return RWLock(self, check_name(name), self._check_ttl(ttl))
+
+    def semaphore(self, name: str, *, permits: int, ttl: float | None = None) -> Semaphore:
+        """A semaphore: at most ``permits`` tasks, across every client, hold it at once.
+
+        Each holder has its own lease (watchdog, fencing token, loss →
+        cancellation); a holder that dies gives its permit back when its lease
+        runs out. Every client of a name must use the same ``permits``. Cheap,
+        no I/O.
+        """
+        if isinstance(permits, bool) or not isinstance(permits, int):
+            raise TypeError(f"permits must be an int, not {type(permits).__name__}")
+        if not 1 <= permits <= 100_000:
+            raise ValueError(f"permits must be between 1 and 100000, got {permits}")
+        return Semaphore(self, check_name(name), self._check_ttl(ttl), permits)
 
     async def __aenter__(self) -> Locks:
         await self._ensure_started()
@@ -124,13 +162,23 @@ class Locks:
     ) -> None:
         await self.aclose()
 
+    def _check_ttl(self, ttl: float | None) -> float:
+        return self._ttl if ttl is None else check_ttl(ttl)
+
+    def _adapter(self, shape: Shape) -> Backend:
+        """The backend adapter of ``shape``, made on first use, without I/O."""
+        adapter = self._adapters.get(shape)
+        if adapter is None:
+            adapter = self._adapters[shape] = self._backend.primitive(shape)
+        return adapter
+
     async def aclose(self) -> None:
         """Release every held lease, stop the watchdog and listeners, close connections."""
         if self._closed:
             return
         self._closed = True
-        if self._hub is not None:
-            self._hub.wake_all()  # waiting acquires of other tasks see the client closed
+        for hub in self._hubs.values():
+            hub.wake_all()  # waiting acquires of other tasks see the client closed
         if self._keeper is not None:
             leases = self._keeper.holds()
             me = current_owner()
@@ -160,6 +208,11 @@ class Locks:
             for task in pending:
                 task.cancel()
         if self._loop is not None or self._keeper is not None:
+            for shape in list(self._hubs):
+                if shape != LOCK:
+                    with contextlib.suppress(LockError, OSError):
+                        await self._adapters[shape].aclose()
+                    del self._hubs[shape]
             await self._backend.aclose()
 
     # -- internal -------------------------------------------------------------
@@ -181,9 +234,30 @@ class Locks:
                 hub = WakeHub(self._backend, self._background)
                 hub.lose = self._lose_from_backend  # type: ignore[method-assign]
                 await self._backend.start(hub)
-                self._hub = hub
-                self._keeper = LeaseKeeper(self._backend, self._renewed)
+                self._hub = self._hubs[LOCK] = hub
+                self._keeper = LeaseKeeper(self._renewed)
             return self._keeper, self._hub
+
+    async def _ensure_shape(self, shape: Shape) -> tuple[LeaseKeeper, WakeHub]:
+        """Like ``_ensure_started``, for the adapter of ``shape`` (started once, with its own hub)."""
+        keeper, hub = await self._ensure_started()
+        if shape == LOCK:
+            return keeper, hub
+        found = self._hubs.get(shape)
+        if found is not None:
+            return keeper, found
+        assert self._start_lock is not None
+        async with self._start_lock:
+            if self._closed:
+                raise RuntimeError("this Locks client is closed")
+            found = self._hubs.get(shape)
+            if found is None:
+                adapter = self._adapter(shape)
+                found = WakeHub(adapter, self._background)
+                found.lose = self._lose_from_backend  # type: ignore[method-assign]
+                await adapter.start(found)
+                self._hubs[shape] = found
+            return keeper, found
 
     def _lose_from_backend(self, holds: Sequence[str] | None, reason: str) -> None:
         if self._keeper is not None:
@@ -199,11 +273,12 @@ class Locks:
         return task
 
     def _forget(self, lease: Lease) -> None:
-        owners = self._holds.get(lease.name)
+        key = (lease._shape, lease.name)
+        owners = self._holds.get(key)
         if owners is not None and owners.get(lease.owner) is lease:
             del owners[lease.owner]
             if not owners:
-                del self._holds[lease.name]
+                del self._holds[key]
 
     def _lease_lost(self, lease: Lease, reason: str) -> None:
         self._forget(lease)
@@ -266,7 +341,7 @@ class Locks:
         while True:
             try:
                 async with asyncio.timeout_at(give_up):
-                    released = await self._backend.release(lease.name, lease._hold)
+                    released = await lease._backend.release(lease.name, lease._hold)
             except (LockError, OSError, TimeoutError) as exc:
                 ambiguous = True
                 if loop.time() + delay >= give_up:
@@ -315,41 +390,48 @@ class Lock:
     outlasts the operation raises :class:`BackendUnavailable`.
     """
 
-    __slots__ = ("_locks", "_scopes", "name", "ttl")
+    __slots__ = ("_backend", "_key", "_locks", "_scopes", "_shape", "name", "ttl")
 
-    def __init__(self, locks: Locks, name: str, ttl: float) -> None:
+    def __init__(self, locks: Locks, name: str, ttl: float, shape: Shape = LOCK) -> None:
         self._locks = locks
         self.name = name
         self.ttl = ttl
+        self._shape = shape
+        self._key = (shape, name)
+        self._backend = locks._adapter(shape)  # NotImplementedError before any I/O
         self._scopes: dict[str, list[tuple[Lease, anyio.CancelScope]]] = {}
 
     def __repr__(self) -> str:
-        return f"<Lock {self.name!r} ttl={self.ttl}>"
+        fair = " fair" if self._shape.kind == "fair" else ""
+        return f"<Lock {self.name!r}{fair} ttl={self.ttl}>"
 
     @property
     def key(self) -> str:
         """The backend's own name for this lock (Redis key, znode path, advisory key)."""
-        return self._locks._backend.lock_key(self.name)
+        return self._backend.lock_key(self.name)
 
     @property
     def held(self) -> bool:
         """Whether the current task holds this lock, as far as this client knows."""
-        lease = self._locks._holds.get(self.name, {}).get(current_owner())
+        lease = self._locks._holds.get(self._key, {}).get(current_owner())
         return lease is not None and not lease.lost
 
     async def info(self) -> LockInfo:
         """What the server knows: holder, hold count, remaining ttl, waiters, token."""
-        await self._locks._ensure_started()
-        backend = self._locks._backend
+        await self._locks._ensure_shape(self._shape)
+        backend = self._backend
         window = min(backend.lease_time(self.ttl) / 3, _REQUEST_WINDOW)
         try:
             async with asyncio.timeout(window):
                 try:
-                    return await backend.info(self.name)
+                    info = await backend.info(self.name)
                 except (LockError, OSError):
-                    return await backend.info(self.name)  # read-only: one retry on a fresh connection
+                    info = await backend.info(self.name)  # read-only: one retry on a fresh connection
         except (LockError, OSError, TimeoutError) as exc:
             raise _unavailable(exc) from exc
+        if info.owner is not None and not info.holders:
+            info = dataclasses.replace(info, holders=(info.owner,))
+        return info
 
     async def acquire(self, *, timeout: float | None = None) -> Lease:
         """Wait until this task holds the lock and return the Lease.
@@ -361,9 +443,9 @@ class Lock:
         """
         timeout = check_timeout(timeout)
         locks = self._locks
-        keeper, hub = await locks._ensure_started()
+        keeper, hub = await locks._ensure_shape(self._shape)
         owner = current_owner()
-        held = locks._holds.get(self.name, {}).get(owner)
+        held = locks._holds.get(self._key, {}).get(owner)
         if held is not None:
             return await self._reenter(held)
 
@@ -371,12 +453,12 @@ class Lock:
         started = loop.time()
         deadline = None if timeout is None else started + timeout
         hold = locks._new_hold(owner)
-        if locks._backend.queues_waiters:
+        if self._backend.queues_waiters:
             return await self._acquire_queued(hold, owner, timeout, keeper, started)
         # A request that fails to reach the server is retried for a while even
         # with timeout=0, which means "do not wait for the holder", not "do not
         # wait for the server".
-        window = min(locks._backend.lease_time(self.ttl) / 3, _REQUEST_WINDOW)
+        window = min(self._backend.lease_time(self.ttl) / 3, _REQUEST_WINDOW)
         server_deadline = None if deadline is None else max(deadline, started + window)
         result: Lease | Busy | BaseException | None = None
         if not hub.subscribed(self.name):
@@ -441,7 +523,7 @@ class Lock:
         """
         locks = self._locks
         owner = current_owner()
-        lease = locks._holds.get(self.name, {}).get(owner)
+        lease = locks._holds.get(self._key, {}).get(owner)
         if lease is None or lease.lost:
             raise NotHeld(self.name)
         if lease.hold_count > 1:
@@ -525,7 +607,7 @@ class Lock:
         while True:
             try:
                 async with asyncio.timeout_at(give_up):
-                    ok = await locks._backend.set_count(self.name, lease._hold, lease.hold_count, lease._ttl)
+                    ok = await lease._backend.set_count(self.name, lease._hold, lease.hold_count, lease._ttl)
                 break
             except (LockError, OSError, TimeoutError) as exc:
                 if loop.time() + delay >= give_up:
@@ -546,7 +628,7 @@ class Lock:
     ) -> Lease | Busy | BaseException:
         """One try. Returns the new Lease, Busy, or the connection error to retry after."""
         locks = self._locks
-        backend = locks._backend
+        backend = self._backend
         loop = asyncio.get_running_loop()
         sent = loop.time()
         lease = Lease(
@@ -557,6 +639,8 @@ class Lock:
             lease_time=backend.lease_time(self.ttl),
             sent_at=sent,
             on_lost=locks._lease_lost,
+            backend=self._backend,
+            shape=self._shape,
         )
         # Bound each request: by the caller's deadline, and by the lease time
         # (an answer later than that would be useless anyway).
@@ -593,7 +677,7 @@ class Lock:
             locks._spawn(locks._release_on_server(lease, raise_errors=False))
             return _HoldRetired(TimeoutError("the answer arrived after the lease time"))
         keeper.add(lease)
-        locks._holds.setdefault(self.name, {})[owner] = lease
+        locks._holds.setdefault(self._key, {})[owner] = lease
         return lease
 
     async def _acquire_queued(
@@ -601,7 +685,7 @@ class Lock:
     ) -> Lease:
         """Acquire on a backend whose server queues the waiters (ZooKeeper, PostgreSQL)."""
         locks = self._locks
-        backend = locks._backend
+        backend = self._backend
         loop = asyncio.get_running_loop()
         lease = Lease(
             name=self.name,
@@ -611,6 +695,8 @@ class Lock:
             lease_time=backend.lease_time(self.ttl),
             sent_at=loop.time(),
             on_lost=locks._lease_lost,
+            backend=self._backend,
+            shape=self._shape,
         )
         task = loop.create_task(backend.wait_acquire(self.name, hold, self.ttl, timeout))
         # The backend bounds its own wait; this outer bound only guards against
@@ -643,7 +729,7 @@ class Lock:
             locks._spawn(locks._release_on_server(lease, raise_errors=False))
             raise _unavailable(TimeoutError("the grant arrived after the lease time had passed"))
         keeper.add(lease)
-        locks._holds.setdefault(self.name, {})[owner] = lease
+        locks._holds.setdefault(self._key, {})[owner] = lease
         return self._got(lease, started)
 
     async def _rollback(self, task: asyncio.Task[Acquired | Busy | None], lease: Lease) -> None:
@@ -683,9 +769,11 @@ class Lock:
             owner=owner,
             hold=hold,
             ttl=self.ttl,
-            lease_time=locks._backend.lease_time(self.ttl),
+            lease_time=self._backend.lease_time(self.ttl),
             sent_at=asyncio.get_running_loop().time(),
             on_lost=locks._lease_lost,
+            backend=self._backend,
+            shape=self._shape,
         )
         locks._spawn(locks._release_on_server(probe, raise_errors=False))
 
@@ -723,3 +811,128 @@ async def _shielded(locks: Locks, coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` in its own task: a cancellation of the caller does not stop it."""
     task = locks._spawn(coro)
     return await asyncio.shield(task)
+
+
+class Semaphore(Lock):
+    """At most ``permits`` holders at once, across every client; made by ``locks.semaphore(name, permits=N)``.
+
+    Used like a :class:`Lock` (``async with sem as lease``, ``acquire``,
+    ``release``), and like a lock it belongs to the task that acquired it: the
+    same task acquiring again re-enters its own permit rather than taking a
+    second one. Each permit has its own lease, fencing token and watchdog, and
+    losing it cancels the body that holds it.
+    """
+
+    __slots__ = ("permits",)
+
+    def __init__(self, locks: Locks, name: str, ttl: float, permits: int) -> None:
+        super().__init__(locks, name, ttl, Shape("semaphore", permits))
+        self.permits = permits
+
+    def __repr__(self) -> str:
+        return f"<Semaphore {self.name!r} permits={self.permits} ttl={self.ttl}>"
+
+
+class WriteLock(Lock):
+    """The write side of a :class:`RWLock`: one holder, and no readers meanwhile."""
+
+    __slots__ = ("_read",)
+
+    _read: ReadLock
+
+    def __repr__(self) -> str:
+        return f"<RWLock {self.name!r} write ttl={self.ttl}>"
+
+    async def acquire(self, *, timeout: float | None = None) -> Lease:
+        owner = current_owner()
+        holds = self._locks._holds
+        if owner not in holds.get(self._key, {}) and owner in holds.get(self._read._key, {}):
+            # Waiting for the write side while holding the read side would wait
+            # for ourselves (and two tasks doing it would wait for each other).
+            raise LockError(
+                f"read-write lock {self.name!r}: this task holds the read lock and asked for the write "
+                "lock; an upgrade would deadlock. Release the read lock first (or take the write lock "
+                "from the start: its holder may also take the read lock)."
+            )
+        return await super().acquire(timeout=timeout)
+
+
+class ReadLock(Lock):
+    """The read side of a :class:`RWLock`: any number of holders, while nobody writes.
+
+    The task holding the write side may take the read side too: it then joins
+    the write hold (the lock stays exclusive until both are released).
+    """
+
+    __slots__ = ("_joined", "_write")
+
+    def __init__(self, locks: Locks, name: str, ttl: float, write: WriteLock) -> None:
+        super().__init__(locks, name, ttl, Shape("read"))
+        self._write = write
+        #: owner -> how many read acquisitions joined that owner's write hold
+        self._joined: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<RWLock {self.name!r} read ttl={self.ttl}>"
+
+    @property
+    def held(self) -> bool:
+        """Whether the current task holds the read side (or joined it to its write hold)."""
+        if self._joined.get(current_owner()):
+            return self._write.held
+        return super().held
+
+    async def acquire(self, *, timeout: float | None = None) -> Lease:
+        check_timeout(timeout)
+        owner = current_owner()
+        holds = self._locks._holds
+        if owner not in holds.get(self._key, {}):
+            writing = holds.get(self._write._key, {}).get(owner)
+            if writing is not None:
+                lease = await self._write._reenter(writing)
+                self._joined[owner] = self._joined.get(owner, 0) + 1
+                return lease
+        return await super().acquire(timeout=timeout)
+
+    async def release(self) -> None:
+        owner = current_owner()
+        joined = self._joined.get(owner)
+        if not joined:
+            await super().release()
+            return
+        if joined == 1:
+            del self._joined[owner]
+        else:
+            self._joined[owner] = joined - 1
+        await self._write.release()
+
+
+class RWLock:
+    """A read-write lock; made by ``locks.rw_lock(name)``.
+
+    ``rw.read`` and ``rw.write`` are handles that behave like :class:`Lock`
+    (``async with``, ``acquire``, ``release``, ``info``, leases with fencing
+    tokens, loss → cancellation). Many tasks may hold ``read`` at once;
+    ``write`` is held by one task while nobody reads. A writer that waits keeps
+    new readers out, so readers cannot starve it.
+
+    Example::
+
+        rw = locks.rw_lock("catalog")
+        async with rw.read:
+            items = await load()
+        async with rw.write as lease:
+            await store(items, fencing_token=lease.token)
+    """
+
+    __slots__ = ("name", "read", "ttl", "write")
+
+    def __init__(self, locks: Locks, name: str, ttl: float) -> None:
+        self.name = name
+        self.ttl = ttl
+        self.write = WriteLock(locks, name, ttl, Shape("write"))
+        self.read = ReadLock(locks, name, ttl, self.write)
+        self.write._read = self.read
+
+    def __repr__(self) -> str:
+        return f"<RWLock {self.name!r} ttl={self.ttl}>"

@@ -16,6 +16,9 @@ class LockInfo:
     advisory key) so that other tools can find it. ``owner`` is the holder's id
     (``None`` when free), ``ttl`` the remaining lease in seconds when the backend
     knows it, ``waiters`` the number of queued waiters when the backend knows it.
+    A read lock or a semaphore can have several holders: ``holders`` lists them
+    all, ``owner`` is one of them (the one whose lease ends first), and
+    ``hold_count``, ``ttl`` and ``token`` are that holder's.
     """
 
     name: str
@@ -25,6 +28,7 @@ class LockInfo:
     ttl: float | None
     waiters: int | None
     token: int | None
+    holders: tuple[str, ...] = ()
 
     @property
     def held(self) -> bool:

@@ -29,6 +29,18 @@ only answers requests:
 * ``lease_time(ttl)`` is how long after a successful request was *sent* the
   server guarantees nobody else can get the lock.
 
+More primitives than the plain lock (a fair lock, the two sides of a
+read-write lock, a semaphore) are served by *adapters*: ``primitive(shape)``
+returns an object with the same request methods as a backend (it is one,
+for the front), speaking its own layout on the same connections. A handle of
+each shape has its own keys, so a plain lock and a semaphore of the same name
+are different things. The client calls ``start`` on an adapter (with hooks of
+its own, so its wake-ups never reach waiters of another shape) before its
+first request, and ``aclose`` on it before the backend's. Hold ids are unique
+per client across every shape, so ``hooks.lose`` needs no shape. A backend
+that lacks a shape raises ``NotImplementedError`` from ``primitive``, which
+the front calls without I/O when the handle is made.
+
 Every method translates its client library's errors into
 ``BackendUnavailable`` (or ``LockError``) at its edge.
 """
@@ -37,11 +49,42 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from ._values import LockInfo
 
-__all__ = ["Acquired", "Backend", "BackendHooks", "Busy", "RenewItem"]
+__all__ = ["LOCK", "Acquired", "Backend", "BackendHooks", "Busy", "RenewItem", "Shape", "ShapeKind", "unsupported"]
+
+#: ``"lock"`` is the plain lock (the backend itself); ``"read"`` and ``"write"``
+#: are the two sides of one read-write lock.
+ShapeKind = Literal["lock", "fair", "read", "write", "semaphore"]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """Which primitive a handle is: its kind, and for a semaphore how many may hold it.
+
+    Semantics every adapter keeps (the contract suite checks them):
+
+    * ``fair``: holds are granted in the order the acquires reached the
+      server; an acquire never takes the lock while older waiters are queued
+      (not even ``timeout=0``); a release wakes only the head waiter. Such an
+      adapter queues waiters (``queues_waiters = True``).
+    * ``read`` / ``write`` of one name: any number of read holds or one write
+      hold. A waiting writer keeps new readers out (no writer starvation).
+      Both sides share one fencing counter, so a write's token is above every
+      token handed out before it.
+    * ``semaphore``: at most ``permits`` holds at once; each hold has its own
+      fencing token and its own expiry, so a dead holder's permit comes back
+      after its ttl.
+    """
+
+    kind: ShapeKind = "lock"
+    permits: int = 1
+
+
+#: The plain lock: served by the backend object itself.
+LOCK = Shape()
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +174,21 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Stop listeners and close what the backend opened (not what it was given)."""
+
+    def primitive(self, shape: Shape) -> Backend:
+        """The adapter serving ``shape`` (``LOCK``: the backend itself), without I/O.
+
+        Raises ``NotImplementedError`` naming what the backend lacks.
+        """
+
+
+def unsupported(kind: str, shape: Shape, hint: str = "") -> NotImplementedError:
+    """The error ``primitive`` raises for a shape the backend ``kind`` does not serve."""
+    what = {
+        "fair": "a fair lock",
+        "read": "a read-write lock",
+        "write": "a read-write lock",
+        "semaphore": "a semaphore",
+        "lock": "a lock",
+    }[shape.kind]
+    return NotImplementedError(f"the {kind} backend has no {what}" + (f"; {hint}" if hint else ""))

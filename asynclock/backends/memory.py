@@ -10,6 +10,7 @@ its holder's back, the way a test of an application simulates a lost lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -17,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._values import LockInfo
-from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
 
-__all__ = ["MemoryBackend", "expire"]
+__all__ = ["MemoryBackend", "expire", "expire_all"]
 
 
 @dataclass(slots=True)
@@ -131,6 +132,188 @@ def _call(loop: asyncio.AbstractEventLoop, func: object, name: str) -> None:
 _TABLE = _Table()
 
 
+# -- queued primitives: fair lock, read-write lock, semaphore -------------------
+
+#: The request mode of each queued shape: exclusive, shared (read), or one of N.
+_MODES = {"fair": "x", "write": "x", "read": "r", "semaphore": "s"}
+
+
+@dataclass(slots=True)
+class _Holder:
+    mode: str
+    count: int
+    token: int
+    expires_at: float  # time.monotonic()
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    hold: str
+    mode: str
+    ttl: float
+    loop: asyncio.AbstractEventLoop
+    event: asyncio.Event
+    token: int | None = None
+
+
+@dataclass(slots=True)
+class _Resource:
+    holders: dict[str, _Holder]
+    queue: list[_Request]
+
+
+class _QueueTable:
+    """Resources whose waiters queue in FIFO order, granted here, under one mutex.
+
+    The head of the queue is granted as soon as it is compatible with the
+    holders; nobody behind it is granted before it (so a waiting writer keeps
+    later readers out, and a fair lock is handed over in order). Expired
+    holders are dropped whenever the resource is looked at; waiters look
+    again when the earliest holder expires.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._resources: dict[str, _Resource] = {}
+        self._tokens = itertools.count(1)
+
+    def _resource(self, key: str) -> _Resource:
+        res = self._resources.get(key)
+        if res is None:
+            res = self._resources[key] = _Resource({}, [])
+        return res
+
+    @staticmethod
+    def _fits(res: _Resource, mode: str, permits: int) -> bool:
+        if mode == "x":
+            return not res.holders
+        if mode == "r":
+            return all(holder.mode == "r" for holder in res.holders.values())
+        return len(res.holders) < permits
+
+    def _grant(self, key: str, res: _Resource, now: float, permits: int) -> None:
+        """Drop expired holders and grant queued requests from the head, in order."""
+        for hold in [hold for hold, holder in res.holders.items() if holder.expires_at <= now]:
+            del res.holders[hold]
+        while res.queue and self._fits(res, res.queue[0].mode, permits):
+            req = res.queue.pop(0)
+            req.token = next(self._tokens)
+            res.holders[req.hold] = _Holder(req.mode, 1, req.token, now + req.ttl)
+            _wake(req)
+        if not res.holders and not res.queue:
+            del self._resources[key]
+
+    def try_enter(self, key: str, req: _Request, permits: int, wait: bool) -> int | None:
+        """Take it now (the token), or queue ``req`` when ``wait`` (None: not granted yet)."""
+        now = time.monotonic()
+        with self._mutex:
+            res = self._resource(key)
+            self._grant(key, res, now, permits)
+            res = self._resource(key)
+            holder = res.holders.get(req.hold)
+            if holder is not None:
+                holder.expires_at = now + req.ttl
+                return holder.token
+            if not res.queue and self._fits(res, req.mode, permits):
+                token = next(self._tokens)
+                res.holders[req.hold] = _Holder(req.mode, 1, token, now + req.ttl)
+                return token
+            if wait:
+                res.queue.append(req)
+            else:
+                self._grant(key, res, now, permits)  # drops the resource if it is empty
+            return None
+
+    def poll(self, key: str, req: _Request, permits: int) -> tuple[int | None, float | None]:
+        """(token if granted, seconds until the earliest holder expires)."""
+        now = time.monotonic()
+        with self._mutex:
+            res = self._resources.get(key)
+            if res is None:
+                return req.token, None
+            self._grant(key, res, now, permits)
+            if req.token is not None:
+                return req.token, None
+            ends = [holder.expires_at for holder in res.holders.values()]
+            return None, (min(ends) - now if ends else None)
+
+    def leave(self, key: str, req: _Request, permits: int) -> int | None:
+        """Stop waiting: out of the queue, or the token if it was granted meanwhile."""
+        with self._mutex:
+            res = self._resources.get(key)
+            if res is None:
+                return req.token
+            if req in res.queue:
+                res.queue.remove(req)
+            self._grant(key, res, time.monotonic(), permits)  # those behind it may go now
+            return req.token
+
+    def update(self, key: str, hold: str, ttl: float, permits: int, count: int | None = None) -> bool:
+        now = time.monotonic()
+        with self._mutex:
+            res = self._resources.get(key)
+            if res is None:
+                return False
+            self._grant(key, res, now, permits)
+            holder = res.holders.get(hold)
+            if holder is None:
+                return False
+            holder.expires_at = now + ttl
+            if count is not None:
+                holder.count = count
+            return True
+
+    def release(self, key: str, hold: str, permits: int) -> bool:
+        with self._mutex:
+            res = self._resources.get(key)
+            if res is None:
+                return False
+            found = res.holders.pop(hold, None) is not None
+            self._grant(key, res, time.monotonic(), permits)
+            return found
+
+    def expire(self, key: str) -> bool:
+        """Drop every holder of ``key`` (no hand-over until someone looks again)."""
+        with self._mutex:
+            res = self._resources.get(key)
+            if res is None or not res.holders:
+                return False
+            res.holders.clear()
+            return True
+
+    def snapshot(self, key: str, permits: int) -> tuple[list[tuple[str, _Holder]], int]:
+        with self._mutex:
+            res = self._resources.get(key)
+            if res is None:
+                return [], 0
+            self._grant(key, res, time.monotonic(), permits)
+            holders = sorted(res.holders.items(), key=lambda item: item[1].expires_at)
+            return [(hold, _Holder(h.mode, h.count, h.token, h.expires_at)) for hold, h in holders], len(res.queue)
+
+    def held_keys(self) -> list[str]:
+        now = time.monotonic()
+        with self._mutex:
+            return [
+                key
+                for key, res in self._resources.items()
+                if any(holder.expires_at > now for holder in res.holders.values())
+            ]
+
+
+def _wake(req: _Request) -> None:
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is req.loop:
+        req.event.set()
+    elif not req.loop.is_closed():
+        req.loop.call_soon_threadsafe(req.event.set)
+
+
+_QUEUES = _QueueTable()
+
+
 def expire(name: str, *, prefix: str = "asynclock") -> bool:
     """Take the lock ``name`` away from its holder, as a server-side expiry would.
 
@@ -139,6 +322,16 @@ def expire(name: str, *, prefix: str = "asynclock") -> bool:
     Returns whether the lock was held.
     """
     return _TABLE.expire(f"{prefix}:{name}")
+
+
+def expire_all(name: str, *, prefix: str = "asynclock") -> bool:
+    """Like :func:`expire`, for every primitive of that name (fair lock, read-write lock, semaphore)."""
+    dropped = [_QUEUES.expire(_queue_key(prefix, kind, name)) for kind in ("fair", "rw", "semaphore")]
+    return _TABLE.expire(f"{prefix}:{name}") or any(dropped)
+
+
+def _queue_key(prefix: str, kind: str, name: str) -> str:
+    return f"{prefix}:{name}#{kind}"
 
 
 class MemoryBackend:
@@ -155,6 +348,12 @@ class MemoryBackend:
 
     def lock_key(self, name: str) -> str:
         return f"{self._prefix}:{name}"
+
+    def primitive(self, shape: Shape) -> Backend:
+        """Every shape: the fair lock, both sides of a read-write lock, the semaphore."""
+        if shape == LOCK:
+            return self
+        return _MemoryQueued(self._prefix, shape)
 
     def lease_time(self, ttl: float) -> float:
         return ttl
@@ -208,3 +407,97 @@ class MemoryBackend:
     async def aclose(self) -> None:
         for name in list(self._subscribed):
             await self.unsubscribe(name)
+
+
+class _MemoryQueued:
+    """The adapter of a queued shape (fair lock, read or write side, semaphore) on ``memory://``."""
+
+    kind = "memory"
+    queues_waiters = True
+
+    def __init__(self, prefix: str, shape: Shape) -> None:
+        self._prefix = prefix
+        self._mode = _MODES[shape.kind]
+        self._kind = "rw" if shape.kind in ("read", "write") else shape.kind
+        self._permits = shape.permits
+
+    def lock_key(self, name: str) -> str:
+        return _queue_key(self._prefix, self._kind, name)
+
+    def lease_time(self, ttl: float) -> float:
+        return ttl
+
+    def primitive(self, shape: Shape) -> Backend:
+        raise NotImplementedError("an adapter has no further primitives")
+
+    async def start(self, hooks: BackendHooks) -> None:
+        """Nothing to start: grants are pushed to the waiter directly."""
+
+    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
+        raise NotImplementedError("queued shapes use wait_acquire")
+
+    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        key = self.lock_key(name)
+        loop = asyncio.get_running_loop()
+        req = _Request(hold, self._mode, ttl, loop, asyncio.Event())
+        token = _QUEUES.try_enter(key, req, self._permits, wait=timeout != 0)
+        if token is not None:
+            return Acquired(token)
+        if timeout == 0:
+            return None
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            while True:
+                token, next_expiry = _QUEUES.poll(key, req, self._permits)
+                if token is not None:
+                    return Acquired(token)
+                wait = next_expiry
+                if deadline is not None:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        token = _QUEUES.leave(key, req, self._permits)
+                        return None if token is None else Acquired(token)
+                    wait = left if wait is None else min(wait, left)
+                req.event.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(None if wait is None else max(wait, 0.001)):
+                        await req.event.wait()
+        except BaseException:
+            # Cancelled (or worse): out of the queue; a grant that raced in is given back.
+            if _QUEUES.leave(key, req, self._permits) is not None:
+                _QUEUES.release(key, hold, self._permits)
+            raise
+
+    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+        return _QUEUES.update(self.lock_key(name), hold, ttl, self._permits, count)
+
+    async def release(self, name: str, hold: str) -> bool:
+        return _QUEUES.release(self.lock_key(name), hold, self._permits)
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        return [_QUEUES.update(self.lock_key(item.name), item.hold, item.ttl, self._permits) for item in items]
+
+    async def subscribe(self, name: str) -> None:
+        """Not used: a grant wakes its waiter directly."""
+
+    async def unsubscribe(self, name: str) -> None:
+        """Not used: a grant wakes its waiter directly."""
+
+    async def info(self, name: str) -> LockInfo:
+        holders, waiting = _QUEUES.snapshot(self.lock_key(name), self._permits)
+        if not holders:
+            return LockInfo(name, self.lock_key(name), None, 0, None, waiting, None)
+        hold, first = holders[0]
+        return LockInfo(
+            name,
+            self.lock_key(name),
+            hold,
+            first.count,
+            max(0.0, first.expires_at - time.monotonic()),
+            waiting,
+            first.token,
+            tuple(hold for hold, _ in holders),
+        )
+
+    async def aclose(self) -> None:
+        """Nothing to close: the table belongs to the process."""

@@ -77,7 +77,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._errors import BackendUnavailable, LockError
 from .._values import LockInfo
-from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 
 __all__ = ["PostgresBackend", "advisory_key", "name_check"]
 
@@ -295,6 +295,12 @@ class PostgresBackend:
     def lock_key(self, name: str) -> str:
         high, low = self._key_of(name)
         return f"pg_advisory({high},{low})"
+
+    def primitive(self, shape: Shape) -> Backend:
+        """Only the plain lock; other shapes raise NotImplementedError."""
+        if shape == LOCK:
+            return self
+        raise unsupported(self.kind, shape)
 
     def _app_name(self, name: str, hold: str) -> str:
         return f"{APP_TAG} {name_check(self._prefix, name)} {hold}"[:APP_NAME_MAX]

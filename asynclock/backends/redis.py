@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._errors import BackendUnavailable, LockError
 from .._values import LockInfo
-from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 from . import _redis_scripts as scripts
 
 __all__ = ["RedisBackend"]
@@ -162,6 +162,12 @@ class RedisBackend:
 
     def lock_key(self, name: str) -> str:
         return f"{self._prefix}:{{{name}}}"
+
+    def primitive(self, shape: Shape) -> Backend:
+        """Only the plain lock; other shapes raise NotImplementedError."""
+        if shape == LOCK:
+            return self
+        raise unsupported(self.kind, shape)
 
     def _fence_key(self, name: str) -> str:
         return f"{self._prefix}:{{{name}}}:fence"

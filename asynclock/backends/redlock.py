@@ -60,7 +60,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .._errors import BackendUnavailable
 from .._lease import drift
 from .._values import LockInfo
-from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 from .redis import RedisBackend, _Listener
 
 __all__ = ["RedlockBackend"]
@@ -187,6 +187,12 @@ class RedlockBackend:
 
     def lock_key(self, name: str) -> str:
         return self._nodes[0].lock_key(name)
+
+    def primitive(self, shape: Shape) -> Backend:
+        """Only the plain lock; other shapes raise NotImplementedError."""
+        if shape == LOCK:
+            return self
+        raise unsupported(self.kind, shape, "use several redis:// locks or a redis:// primitive")
 
     def lease_time(self, ttl: float) -> float:
         # The front's deadline, send time + ttl - drift(ttl), is the Redlock validity.

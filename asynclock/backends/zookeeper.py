@@ -54,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._errors import LockError
 from .._values import LockInfo
-from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 from ._zk_session import CONTAINER, EPHEMERAL, NO_NODE, NODE_EXISTS, SEQUENTIAL, ZkConnectionLoss, ZkError, ZkSession
 
 __all__ = ["ZooKeeperBackend", "escape_name"]
@@ -223,6 +223,12 @@ class ZooKeeperBackend:
 
     def lock_key(self, name: str) -> str:
         return f"{self._base}/{escape_name(name)}"
+
+    def primitive(self, shape: Shape) -> Backend:
+        """Only the plain lock; other shapes raise NotImplementedError."""
+        if shape == LOCK:
+            return self
+        raise unsupported(self.kind, shape)
 
     def lease_time(self, ttl: float) -> float:
         """The negotiated session timeout less a 10 % (+5 ms) margin, whatever the ttl."""
