@@ -21,11 +21,12 @@ import pytest
 import asynclock
 from tests.faults import hygiene
 from tests.faults.checker import Section, StaleWindow, WorkerLog, check
-from tests.faults.runner import Target, target_for
+from tests.faults.runner import RedlockTarget, Target, target_for
 from tests.faults.scenarios import SCENARIOS, Outcome, Settings, by_name
 from tests.faults.store import StoreState
 from tests.servers import RedisServer
 from tests.servers.postgres import PostgresServer
+from tests.servers.redis_topologies import RedisNodes
 from tests.servers.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.anyio
@@ -37,6 +38,7 @@ FAST_SCENARIOS = {
     "redis": [s.name for s in SCENARIOS if s.kinds is None or "redis" in s.kinds],
     "zookeeper": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen", "server-restarted"],
     "postgres": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen", "server-restarted"],
+    "redlock": ["cancellation", "holder-killed", "redlock-minority", "redlock-majority"],
 }
 #: the torture tier: every scenario that applies, longer, with more workers
 TORTURE = Settings(workers=6, duration=15.0, ttl=1.0, faults=10_000, margin=1.0)
@@ -73,6 +75,17 @@ def fault_postgres() -> Iterator[PostgresServer]:
     server.cleanup()
 
 
+@pytest.fixture(scope="module")
+def fault_redlock() -> Iterator[RedisNodes]:
+    """Three redis-servers for Redlock that these tests may kill and start again."""
+    nodes = RedisNodes(3)
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.cleanup()
+
+
 #: every outcome of this module's runs, for the summary line at the end
 _OUTCOMES: list[Outcome] = []
 
@@ -103,6 +116,10 @@ def _report(outcome: Outcome) -> None:
 
 
 async def _target(request: pytest.FixtureRequest, kind: str) -> Target:
+    if kind == "redlock":
+        nodes: RedisNodes = request.getfixturevalue("fault_redlock")
+        nodes.revive()
+        return RedlockTarget(nodes.url, nodes)
     if kind == "redis":
         server: RedisServer | ZooKeeperServer | PostgresServer = request.getfixturevalue("fault_redis")
     elif kind == "zookeeper":

@@ -106,6 +106,8 @@ async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: st
                 faults += outcome.faults
                 total.merge(outcome.verdict)
                 print(outcome.line(), flush=True)
+                for starved in outcome.verdict.starvation:
+                    print(f"    starved (not fair, not a violation): {starved}", flush=True)
                 for violation in outcome.verdict.violations:
                     print(f"    VIOLATION {violation}", flush=True)
     minutes = (time.monotonic() - started) / 60

@@ -80,6 +80,8 @@ class WorkerLog:
     planned: dict[int, float] = field(default_factory=dict)
     cancelled: int = 0
     unavailable: int = 0
+    #: (asked, gave up) of each acquire that ended with BackendUnavailable
+    gave_up: list[tuple[float, float]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     #: acquires past their bound on a backend without a queue: (asked, given up, report)
@@ -127,6 +129,7 @@ class WorkerLog:
             self.cancelled += 1
         elif kind == "unavailable":
             self.unavailable += 1
+            self.gave_up.append((float(event.get("asked", event["t"])), float(event["t"])))
         elif kind == "failed":
             self.failed.append(event["outcome"])
         elif kind == "violation":
@@ -156,6 +159,8 @@ class Verdict:
     overlaps_allowed: int = 0
     #: waiters that lost every race for a non-fair lock past the bound while it kept changing hands
     starved: int = 0
+    #: for each starved waiter: how long it waited, how often the lock changed hands meanwhile
+    starvation: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -171,6 +176,7 @@ class Verdict:
         self.accepted_writes += other.accepted_writes
         self.overlaps_allowed += other.overlaps_allowed
         self.starved += other.starved
+        self.starvation += other.starvation
         self.violations += other.violations
 
 
@@ -180,8 +186,10 @@ def check(
     stale: Iterable[StaleWindow] = (),
     *,
     killed: Iterable[int] = (),
+    tokens: bool = True,
 ) -> Verdict:
-    """Check every invariant over a finished run; ``killed``: indexes of workers killed on purpose."""
+    """Check every invariant over a finished run; ``killed``: indexes of workers killed on purpose;
+    ``tokens``: whether the backend gives fencing tokens (without, there is no order to check)."""
     stale = list(stale)
     killed = set(killed)
     verdict = Verdict()
@@ -216,7 +224,7 @@ def check(
                     f"token {first.token} and worker {second.worker} section {second.sid} started "
                     f"{second.start:.4f} token {second.token}"
                 )
-    for before, after in itertools.pairwise(sections):
+    for before, after in itertools.pairwise(sections if tokens else []):
         if after.token <= before.token:
             verdict.violations.append(
                 f"token order: worker {before.worker} section {before.sid} started {before.start:.4f} with token "
@@ -231,6 +239,9 @@ def check(
             others = sum(1 for s in sections if s.worker != log.index and asked <= s.start <= given_up)
             if others >= STARVED_HANDOVERS:
                 verdict.starved += 1
+                verdict.starvation.append(
+                    f"worker {log.index} waited {given_up - asked:.1f}s while others took the lock {others} times"
+                )
             else:
                 verdict.violations.append(
                     f"worker {log.index}: {what}; the lock changed hands only {others} times meanwhile"
@@ -241,8 +252,8 @@ def check(
     verdict.refused = store.refused
     if store.counter != store.accepted_writes:
         verdict.violations.append(f"lost update: counter {store.counter} after {store.accepted_writes} accepted writes")
-    tokens = [token for _, token, _ in store.log]
-    if any(b < a for a, b in itertools.pairwise(tokens)):
+    accepted = [token for _, token, _ in store.log]
+    if any(b < a for a, b in itertools.pairwise(accepted)):
         verdict.violations.append("the store accepted an operation with a lower token than an earlier one")
     recorded_ok = sum(1 for s in sections if s.write == "ok")
     unknown = sum(1 for s in sections if s.write in ("sent", "?") or s.read in ("sent", "?"))

@@ -37,6 +37,8 @@ class Target:
     kind = "?"
     #: how long a dead holder keeps the lock at most, as a multiple of the ttl
     lease_factor = 1.0
+    #: whether its leases carry fencing tokens
+    tokens = True
 
     def __init__(self, url: str, server: ServerProcess | None = None) -> None:
         self.url = url
@@ -142,6 +144,35 @@ class PostgresTarget(Target):
         ]
 
 
+class RedlockTarget(Target):
+    """``redlock://`` over independent redis-servers; ``nodes`` when we started them
+    (then a minority or a majority of them can be killed)."""
+
+    kind = "redlock"
+    tokens = False
+
+    def __init__(self, url: str, nodes: Any = None) -> None:
+        super().__init__(url, None)
+        #: a RedisNodes we started
+        self.nodes = nodes
+
+    def _admins(self) -> list[tuple[str, aioredis.Redis]]:
+        netloc = urlsplit(self.url).netloc.rsplit("@", 1)[-1]
+        return [(host, aioredis.Redis.from_url(f"redis://{host}/0")) for host in netloc.split(",")]
+
+    async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
+        found = []
+        for host, admin in self._admins():
+            try:
+                keys = [k.decode() async for k in admin.scan_iter(match=f"{prefix}:*")]
+                found += [f"{host} {key}" for key in keys if not key.endswith(":fence")]
+            except (OSError, aioredis.ConnectionError):
+                pass  # a node that is down holds nothing we could see
+            finally:
+                await admin.aclose()
+        return found
+
+
 class MemoryTarget(Target):
     """``memory://`` in separate processes: every worker has its own lock table, so
     this is a broken lock on purpose (the checker must catch it)."""
@@ -158,6 +189,8 @@ def target_for(url: str, server: ServerProcess | None = None) -> Target:
         return MemoryTarget(url, server)
     if scheme in ("redis", "rediss", "unix"):
         return RedisTarget(url, server)
+    if scheme == "redlock":
+        return RedlockTarget(url)
     if scheme == "zk":
         return ZooKeeperTarget(url, server)
     if scheme in ("postgresql", "postgres"):
@@ -310,6 +343,7 @@ class Run:
             out=str(self.workdir / f"{self.prefix}-w{index}.jsonl"),
             prefix=self.prefix,
             seed=self._seed + index,
+            tokens=self.target.tokens,
             **options,
         )
         worker = Worker(index, config, proxy)
@@ -394,7 +428,7 @@ class Run:
             await store.clear()
         finally:
             await store.aclose()
-        verdict = check(logs, state, self.stale, killed=killed)
+        verdict = check(logs, state, self.stale, killed=killed, tokens=self.target.tokens)
         if not all(clean):
             verdict.violations.append("a worker had to be killed at the end (stuck)")
         clients = [log.client for log in logs if log.client]

@@ -20,7 +20,7 @@ from typing import Any
 
 import asynclock
 from tests.faults.checker import StaleWindow, Verdict
-from tests.faults.runner import RedisTarget, Run, Target
+from tests.faults.runner import RedisTarget, RedlockTarget, Run, Target
 from tests.servers.base import SCALE
 from tests.servers.redis import RedisServer
 
@@ -78,11 +78,19 @@ class Scenario:
     proxy: bool = False
     #: needs a ZooKeeper ensemble we started
     ensemble: bool = False
+    #: needs Redlock nodes we started
+    nodes: bool = False
+    #: needs fencing tokens (a stale holder's writes can only be refused with them)
+    tokens: bool = False
 
     def applies(self, target: Target) -> bool:
         if self.kinds is not None and target.kind not in self.kinds:
             return False
         if self.own_server and target.server is None:
+            return False
+        if self.nodes and getattr(target, "nodes", None) is None:
+            return False
+        if self.tokens and not target.tokens:
             return False
         if self.ensemble != (getattr(target, "ensemble", None) is not None):
             return False  # an ensemble runs its own scenarios only
@@ -458,6 +466,99 @@ async def leader_lost(target: Target, store_url: str, workdir: Path, settings: S
     return await _run("leader lost", target, store_url, workdir, settings, body)
 
 
+async def _restart_nodes(servers: list[RedisServer]) -> None:
+    loop = asyncio.get_running_loop()
+    for server in servers:
+        await loop.run_in_executor(None, server.start)
+
+
+async def redlock_minority(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """Kill a minority of the Redlock nodes (1 of 3, 2 of 5) for 1.2 to 2 ttl while
+    workers contend, then start them again, empty. A majority still answers, so
+    exclusion must hold with no exception (no stale window, no tokens to fence
+    with), work must go on while they are down, and nothing may be lost. They
+    come back only after a ttl, as Redlock requires of a node that lost its data."""
+    ttl = settings.scaled_ttl()
+    assert isinstance(target, RedlockTarget) and target.nodes is not None
+    servers: list[RedisServer] = list(target.nodes.servers)
+    minority = (len(servers) - 1) // 2
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0.3, 1.0) * ttl)
+            victims = rng.sample(servers, minority)
+            down_at = time.monotonic()
+            for server in victims:
+                server.kill()
+            run.faults += 1
+            try:
+                await asyncio.sleep(rng.uniform(1.2, 2.0) * ttl)
+            finally:
+                await _restart_nodes(victims)
+            if await run.next_start(down_at, None, timeout=0) is None and not all(w.poll().done for w in run.live()):
+                run.extra_violations.append(f"no section started while {minority} of {len(servers)} nodes were down")
+        await _until_done(run)
+
+    outcome = await _run("redlock minority down", target, store_url, workdir, settings, body)
+    if outcome.verdict.losses:
+        outcome.verdict.violations.append(f"{outcome.verdict.losses} leases lost with only a minority of nodes down")
+    return outcome
+
+
+async def redlock_majority(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """Kill a majority of the Redlock nodes (2 of 3, 3 of 5) for 1.5 to 2.5 ttl while a
+    worker holds a long section: its lease is lost (renewals find no majority),
+    acquires give up with BackendUnavailable within a bound instead of hanging,
+    nobody starts a section once a ttl has passed with the majority down, and
+    after the nodes come back (empty, after more than a ttl) work resumes."""
+    ttl = settings.scaled_ttl()
+    assert isinstance(target, RedlockTarget) and target.nodes is not None
+    servers: list[RedisServer] = list(target.nodes.servers)
+    majority = len(servers) // 2 + 1
+    # a failing acquire gives up after failing for a ttl, each try bounded by a ttl
+    give_up_bound = 3 * ttl + settings.margin * SCALE
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0.3, 1.0) * ttl)
+            await run.holder(timeout=20 * ttl, min_hold=3 * ttl)  # (it must lose its lease)
+            victims = rng.sample(servers, majority)
+            down_at = time.monotonic()
+            for server in victims:
+                server.kill()
+            run.faults += 1
+            try:
+                await asyncio.sleep(rng.uniform(1.5, 2.5) * ttl)
+            finally:
+                up_at = time.monotonic()
+                await _restart_nodes(victims)
+            for worker in run.workers:
+                log = worker.poll()
+                starts = [s.start for s in log.sections] + [t for t, _ in log.open_starts.values()]
+                late = [t for t in starts if down_at + ttl <= t <= up_at]
+                if late:
+                    run.extra_violations.append(
+                        f"worker {worker.index} started a section {late[0] - down_at:.2f}s after a majority went down"
+                    )
+            if not await _work_resumes(run, up_at, 10 * ttl):
+                run.extra_violations.append("no section started after the majority came back")
+        await _until_done(run)
+        slow = [
+            f"worker {w.index}: {t - asked:.2f}s"
+            for w in run.workers
+            for asked, t in w.poll().gave_up
+            if t - asked > give_up_bound
+        ]
+        if slow:
+            run.extra_violations.append(f"acquires gave up later than {give_up_bound:.2f}s: {slow}")
+        if not any(w.log.gave_up for w in run.workers):
+            run.notes.append("no acquire gave up (none was waiting while the majority was down)")
+
+    return await _run("redlock majority down", target, store_url, workdir, settings, body, **_long(ttl))
+
+
 async def _wait_for(probe: Callable[[], Awaitable[int]], want: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while await probe() < want:
@@ -469,7 +570,7 @@ async def _wait_for(probe: Callable[[], Awaitable[int]], want: int, timeout: flo
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("cancellation", contention),
     Scenario("holder-killed", holder_killed),
-    Scenario("holder-frozen", holder_frozen),
+    Scenario("holder-frozen", holder_frozen, tokens=True),
     Scenario("partition", partition, proxy=True),
     Scenario("latency", latency, proxy=True),
     Scenario("server-frozen", server_frozen, own_server=True),
@@ -478,6 +579,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("script-flush", script_flush, kinds=("redis",)),
     Scenario("pubsub-killed", pubsub_killed, kinds=("redis",)),
     Scenario("leader-lost", leader_lost, kinds=("zookeeper",), ensemble=True),
+    Scenario("redlock-minority", redlock_minority, kinds=("redlock",), nodes=True),
+    Scenario("redlock-majority", redlock_majority, kinds=("redlock",), nodes=True),
 )
 
 

@@ -14,7 +14,7 @@ once, so a SIGKILL loses nothing already written:
   once the section is over; ``end`` is taken in a ``finally``, so a
   cancelled body still has one; ``outcome`` is ``ok``, ``lost`` (LockLost),
   ``cancelled`` or ``error: …``;
-* ``{"ev": "unavailable", "t", "outcome"}`` when acquire gave up on an
+* ``{"ev": "unavailable", "t", "asked", "outcome"}`` when acquire gave up on an
   unreachable server (allowed: ``BackendUnavailable``);
 * ``{"ev": "cancelled", "t", "at"}`` for an operation cancelled on purpose
   before its body ran (acquire) or after (release);
@@ -67,6 +67,8 @@ class WorkerConfig:
     cancel_rate: float = 0.0
     #: an acquire that waits longer than this is recorded as a violation (None: no bound)
     acquire_bound: float | None = None
+    #: whether the backend gives fencing tokens (Redlock does not)
+    tokens: bool = True
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -193,21 +195,28 @@ class Worker:
             async with lock as lease:
                 phase[0] = "body"
                 self.sid += 1
-                assert lease.token is not None, "every backend under test gives tokens"
-                section = {"ev": "section", "sid": self.sid, "start": time.monotonic(), "token": lease.token}
+                if config.tokens:
+                    assert lease.token is not None, "this backend gives tokens"
+                    token = lease.token
+                else:
+                    # No fencing tokens (Redlock): every operation carries 0, which
+                    # the store never refuses; only exclusion protects the counter.
+                    assert lease.token is None, "a token where none was expected"
+                    token = 0
+                section = {"ev": "section", "sid": self.sid, "start": time.monotonic(), "token": token}
                 section.update(read=None, write=None, wait=section["start"] - asked)
                 hold = self.rng.uniform(*config.hold)
                 if config.long_hold is not None and self.rng.random() < config.long_rate:
                     hold = self.rng.uniform(*config.long_hold)
-                self.journal.write(ev="start", sid=self.sid, t=section["start"], token=lease.token, hold=hold)
+                self.journal.write(ev="start", sid=self.sid, t=section["start"], token=token, hold=hold)
                 try:
                     section["read"] = "sent"
-                    value = await store.read(lease.token, self.who)
+                    value = await store.read(token, self.who)
                     section["read"] = "refused" if value is None else "ok"
                     await asyncio.sleep(hold)
                     if value is not None:
                         section["write"] = "sent"
-                        accepted = await store.write(lease.token, value + 1, self.who)
+                        accepted = await store.write(token, value + 1, self.who)
                         section["write"] = "ok" if accepted else "refused"
                 finally:
                     section["end"] = time.monotonic()
@@ -229,7 +238,7 @@ class Worker:
             elif outcome.startswith("error"):
                 self.journal.write(ev="failed", t=time.monotonic(), outcome=outcome)
             elif outcome.startswith("unavailable"):
-                self.journal.write(ev="unavailable", t=time.monotonic(), outcome=outcome)
+                self.journal.write(ev="unavailable", t=time.monotonic(), asked=asked, outcome=outcome)
 
     async def _check_no_leftover_hold(self, locks: asynclock.Locks, lock: asynclock.Lock) -> None:
         """After a cancelled operation, this client must not keep (or get) the lock."""
