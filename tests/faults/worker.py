@@ -168,18 +168,18 @@ class Worker:
             task.result()
             return
         # stuck: say where every task of this process is, then give up on it
-        stacks = _stacks()
+        stacks, stuck_in, given_up = _stacks(), phase[0], time.monotonic()  # (before the body can move on)
         try:
             seen = repr(await asyncio.wait_for(lock.info(), config.ttl))
             seen += await _listening(locks, config.name)
         except Exception as exc:  # noqa: BLE001 - only for the report
             seen = f"info failed: {exc!r}"
-        what = f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}; phase {phase[0]}"
-        if phase[0] != "release" and not locks.backend.queues_waiters:
+        what = f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}; phase {stuck_in}"
+        if stuck_in != "release" and not locks.backend.queues_waiters:
             # The plain lock is not fair: a waiter may lose every race for it.
             # The checker decides (from the others' sections meanwhile) whether
             # the lock kept changing hands or stood still.
-            self.journal.write(ev="stuck", asked=asked, t=time.monotonic(), what=what, tasks=stacks)
+            self.journal.write(ev="stuck", asked=asked, t=given_up, what=what, tasks=stacks)
         else:
             self.journal.write(ev="violation", what=f"{what}; tasks:\n{stacks}")
         task.cancel()
