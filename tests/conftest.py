@@ -51,6 +51,8 @@ def _hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
         request.getfixturevalue("_no_pending_asynclock_tasks")
     callspec = getattr(request.node, "callspec", None)
     backend = callspec.params.get("harness") if callspec is not None else None
+    if isinstance(backend, str):
+        backend = backend.split("/")[0]  # "redis/fair" in the primitives' contract run
     counters: dict[str, Callable[[], int]] = {}
     if "redis_server" in request.fixturenames or backend == "redis":
         url = request.getfixturevalue("redis_server").url
@@ -132,7 +134,12 @@ def redlock_nodes() -> Iterator[RedisNodes]:
 
 @pytest.fixture(params=BACKENDS)
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    kind = request.param
+    async with make_harness(request, request.param) as h:
+        yield h
+
+
+def make_harness(request: pytest.FixtureRequest, kind: str) -> Harness:
+    """A fresh harness for the backend ``kind``, on the session's servers."""
     h: Harness
     if kind == "memory":
         h = MemoryHarness()
@@ -152,5 +159,4 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         h = RedlockHarness(request.getfixturevalue("redlock_nodes"))
     else:  # pragma: no cover
         raise AssertionError(kind)
-    async with h:
-        yield h
+    return h

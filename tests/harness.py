@@ -43,7 +43,14 @@ class Harness:
         raise NotImplementedError
 
     async def leftovers(self) -> list[str]:
-        """Keys (or nodes) of this test's prefix still present, fence counters aside."""
+        """Keys (or nodes) of this test's prefix still present, fence counters aside.
+
+        Includes what the fair lock, read-write lock and semaphore leave.
+        """
+        raise NotImplementedError
+
+    async def expire_shape(self, kind: str, name: str) -> bool:
+        """Like ``expire`` for the primitive ``kind`` ("fair", "write", "semaphore") of ``name``."""
         raise NotImplementedError
 
     async def __aenter__(self) -> Harness:
@@ -74,7 +81,12 @@ class MemoryHarness(Harness):
         return memory.expire(name, prefix=self.prefix)
 
     async def leftovers(self) -> list[str]:
-        return [key for key in memory._TABLE.held_keys() if key.startswith(self.prefix + ":")]
+        held = memory._TABLE.held_keys() + memory._QUEUES.held_keys()
+        return [key for key in held if key.startswith(self.prefix + ":")]
+
+    async def expire_shape(self, kind: str, name: str) -> bool:
+        table = "rw" if kind in ("read", "write") else kind
+        return memory._QUEUES.expire(memory._queue_key(self.prefix, table, name))
 
 
 class RedisHarness(Harness):

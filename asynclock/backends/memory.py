@@ -154,6 +154,7 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     event: asyncio.Event
     token: int | None = None
+    granted_at: float = 0.0  # time.monotonic(), which is also the event loop's clock
 
 
 @dataclass(slots=True)
@@ -198,6 +199,7 @@ class _QueueTable:
         while res.queue and self._fits(res, res.queue[0].mode, permits):
             req = res.queue.pop(0)
             req.token = next(self._tokens)
+            req.granted_at = now
             res.holders[req.hold] = _Holder(req.mode, 1, req.token, now + req.ttl)
             _wake(req)
         if not res.holders and not res.queue:
@@ -450,13 +452,13 @@ class _MemoryQueued:
             while True:
                 token, next_expiry = _QUEUES.poll(key, req, self._permits)
                 if token is not None:
-                    return Acquired(token)
+                    return Acquired(token, confirmed_at=req.granted_at)
                 wait = next_expiry
                 if deadline is not None:
                     left = deadline - loop.time()
                     if left <= 0:
                         token = _QUEUES.leave(key, req, self._permits)
-                        return None if token is None else Acquired(token)
+                        return None if token is None else Acquired(token, confirmed_at=req.granted_at)
                     wait = left if wait is None else min(wait, left)
                 req.event.clear()
                 with contextlib.suppress(TimeoutError):
