@@ -173,6 +173,26 @@ class RedlockTarget(Target):
         return found
 
 
+class SentinelTarget(Target):
+    """``redis+sentinel://`` over a SentinelSetup we started (its primary can be killed)."""
+
+    kind = "sentinel"
+
+    def __init__(self, url: str, setup: Any = None) -> None:
+        super().__init__(url, None)
+        #: a SentinelSetup we started
+        self.setup = setup
+
+    async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
+        port = await asyncio.get_running_loop().run_in_executor(None, self.setup.current_primary_port)
+        admin = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+        try:
+            keys = [k.decode() async for k in admin.scan_iter(match=f"{prefix}:*")]
+        finally:
+            await admin.aclose()
+        return [key for key in keys if not key.endswith(":fence")]
+
+
 class MemoryTarget(Target):
     """``memory://`` in separate processes: every worker has its own lock table, so
     this is a broken lock on purpose (the checker must catch it)."""
@@ -191,6 +211,8 @@ def target_for(url: str, server: ServerProcess | None = None) -> Target:
         return RedisTarget(url, server)
     if scheme == "redlock":
         return RedlockTarget(url)
+    if scheme == "redis+sentinel":
+        return SentinelTarget(url)
     if scheme == "zk":
         return ZooKeeperTarget(url, server)
     if scheme in ("postgresql", "postgres"):

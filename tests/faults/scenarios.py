@@ -20,7 +20,7 @@ from typing import Any
 
 import asynclock
 from tests.faults.checker import StaleWindow, Verdict
-from tests.faults.runner import RedisTarget, RedlockTarget, Run, Target
+from tests.faults.runner import RedisTarget, RedlockTarget, Run, SentinelTarget, Target
 from tests.servers.base import SCALE
 from tests.servers.redis import RedisServer
 
@@ -82,6 +82,8 @@ class Scenario:
     nodes: bool = False
     #: needs fencing tokens (a stale holder's writes can only be refused with them)
     tokens: bool = False
+    #: needs a SentinelSetup we started
+    setup: bool = False
 
     def applies(self, target: Target) -> bool:
         if self.kinds is not None and target.kind not in self.kinds:
@@ -91,6 +93,8 @@ class Scenario:
         if self.nodes and getattr(target, "nodes", None) is None:
             return False
         if self.tokens and not target.tokens:
+            return False
+        if self.setup and getattr(target, "setup", None) is None:
             return False
         if self.ensemble != (getattr(target, "ensemble", None) is not None):
             return False  # an ensemble runs its own scenarios only
@@ -559,6 +563,53 @@ async def redlock_majority(target: Target, store_url: str, workdir: Path, settin
     return await _run("redlock majority down", target, store_url, workdir, settings, body, **_long(ttl))
 
 
+async def failover(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """Kill the primary behind Sentinel while a worker holds a long section; the
+    sentinels promote the replica, and the old primary comes back empty as its
+    replica. Replication is asynchronous, so a hold may not have reached the
+    promoted replica: a new holder may overlap the old one until the old one's
+    next renewal or deadline (a stale window), where the store must refuse
+    every stale operation. Tokens must keep increasing (the fence counter may
+    be lost too: the time floor keeps new tokens above old ones), the counter
+    must lose nothing, work must resume. With ``?replicas=1`` in the URL every
+    acquire and renewal was confirmed by the replica, so no hold should go
+    missing in the promotion."""
+    ttl = settings.scaled_ttl()
+    assert isinstance(target, SentinelTarget) and target.setup is not None
+    setup = target.setup
+    loop = asyncio.get_running_loop()
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0.3, 1.0) * ttl)
+            await run.holder(timeout=20 * ttl, min_hold=3 * ttl, must_lose=False)
+            old_port = await loop.run_in_executor(None, setup.current_primary_port)
+            old = setup.server_on(old_port)
+            killed_at = time.monotonic()
+            old.kill()
+            run.faults += 1
+            try:
+                new_port = await loop.run_in_executor(None, setup.wait_failover, old_port)
+            finally:
+                promoted_at = time.monotonic()
+            # back empty, as a replica of the new primary (as an operator would bring it back)
+            at = old.extra.index("--replicaof") if "--replicaof" in old.extra else None
+            if at is not None:
+                del old.extra[at : at + 3]
+            old.extra += ["--replicaof", "127.0.0.1", str(new_port)]
+            await loop.run_in_executor(None, old.start)
+            run.stale.append(StaleWindow(killed_at, promoted_at + ttl))
+            run.notes.append(f"promoted after {promoted_at - killed_at:.2f}s")
+            if not await _work_resumes(run, promoted_at, 20 * ttl):
+                run.extra_violations.append("no section started after the failover")
+            # a next failover needs a synced replica to promote (and ?replicas=1 one to confirm)
+            await loop.run_in_executor(None, setup.wait_replica_synced, old, 60)
+        await _until_done(run)
+
+    return await _run("failover", target, store_url, workdir, settings, body, **_long(ttl))
+
+
 async def _wait_for(probe: Callable[[], Awaitable[int]], want: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while await probe() < want:
@@ -581,6 +632,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("leader-lost", leader_lost, kinds=("zookeeper",), ensemble=True),
     Scenario("redlock-minority", redlock_minority, kinds=("redlock",), nodes=True),
     Scenario("redlock-majority", redlock_majority, kinds=("redlock",), nodes=True),
+    Scenario("failover", failover, kinds=("sentinel",), setup=True),
 )
 
 
