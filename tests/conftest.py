@@ -50,9 +50,12 @@ def _hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
     if "anyio_backend" in request.fixturenames:
         request.getfixturevalue("_no_pending_asynclock_tasks")
     callspec = getattr(request.node, "callspec", None)
-    backend = callspec.params.get("harness") if callspec is not None else None
-    if isinstance(backend, str):
-        backend = backend.split("/")[0]  # "redis/fair" in the primitives' contract run
+    params = callspec.params if callspec is not None else {}
+    # The backend of any harness fixture ("redis", or "redis/fair" in the primitives' runs).
+    backend = next(
+        (value.split("/")[0] for key, value in params.items() if key.endswith("harness") and isinstance(value, str)),
+        None,
+    )
     counters: dict[str, Callable[[], int]] = {}
     if "redis_server" in request.fixturenames or backend == "redis":
         url = request.getfixturevalue("redis_server").url
