@@ -3,9 +3,13 @@
     python -m tests.faults --minutes 5                       # own redis-server(s)
     python -m tests.faults --url redis://127.0.0.1:6379/0 --minutes 5
     python -m tests.faults --url zk://127.0.0.1:2181 --url postgresql://me@127.0.0.1/db
+    python -m tests.faults --own redlock --own sentinel --scenario redlock-majority --scenario failover
 
 Without ``--url`` it starts a redis-server of its own (it needs
-``redis-server`` on PATH) and runs every scenario, server faults included.
+``redis-server`` on PATH) and runs every scenario, server faults included;
+``--own KIND`` starts other lock services of its own instead (five Redlock
+nodes, a Sentinel setup, ZooKeeper, PostgreSQL), whose server faults then
+apply too (nodes killed, failover, restart with data kept).
 With ``--url`` it only injects faults into what it owns: its worker
 processes (kill, freeze, cancel) and, for a server on 127.0.0.1, a TCP proxy
 in front of it (partition, latency); on Redis it also kills pub/sub
@@ -24,16 +28,27 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.faults.checker import Verdict
-from tests.faults.runner import Target, target_for
+from tests.faults.runner import RedlockTarget, SentinelTarget, Target, target_for
 from tests.faults.scenarios import SCENARIOS, Outcome, Settings
 from tests.servers import RedisServer
+
+#: lock services the command can start itself (``--own``)
+OWN = ("redis", "redlock", "sentinel", "zookeeper", "postgres")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", action="append", default=[], help="lock service to torture (repeatable)")
+    parser.add_argument(
+        "--own",
+        action="append",
+        default=[],
+        choices=OWN,
+        help="start a lock service of this kind of our own (repeatable; default: redis when no --url is given)",
+    )
     parser.add_argument("--store", help="redis URL for the fenced store (default: a redis-server of its own)")
     parser.add_argument("--minutes", type=float, default=5.0, help="total running time (default 5)")
     parser.add_argument("--workers", type=int, default=6, help="worker processes per scenario (default 6)")
@@ -51,7 +66,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 async def torture(args: argparse.Namespace) -> int:
-    owned: list[RedisServer] = []
+    owned: list[Any] = []
     targets: list[Target] = []
     try:
         if args.store:
@@ -61,20 +76,52 @@ async def torture(args: argparse.Namespace) -> int:
             store.start()
             owned.append(store)
             store_url = store.url
-        if args.url:
-            targets = [target_for(url) for url in args.url]
-        else:
-            server = RedisServer()
-            server.start()
-            owned.append(server)
-            targets = [target_for(server.url, server)]
+        targets = [target_for(url) for url in args.url]
+        for kind in args.own or ([] if args.url else ["redis"]):
+            targets.append(_own(kind, owned))
         return await _rounds(args, targets, store_url)
     finally:
         for target in targets:
             with contextlib.suppress(Exception):
                 await target.aclose()
-        for server in owned:
+        for server in reversed(owned):
             server.cleanup()
+
+
+def _own(kind: str, owned: list[Any]) -> Target:
+    """Start a lock service of ``kind`` of our own (so every server fault applies)."""
+    if kind == "redis":
+        redis = RedisServer()
+        owned.append(redis)
+        redis.start()
+        return target_for(redis.url, redis)
+    if kind == "redlock":
+        from tests.servers.redis_topologies import RedisNodes
+
+        nodes = RedisNodes(5)
+        owned.append(nodes)
+        nodes.start()
+        return RedlockTarget(nodes.url, nodes)
+    if kind == "sentinel":
+        from tests.servers.redis_topologies import SentinelSetup
+
+        setup = SentinelSetup()
+        owned.append(setup)
+        setup.start()
+        return SentinelTarget(setup.url, setup)
+    if kind == "zookeeper":
+        from tests.servers.zookeeper import ZooKeeperServer
+
+        zookeeper = ZooKeeperServer()
+        owned.append(zookeeper)
+        zookeeper.start()
+        return target_for(zookeeper.url, zookeeper)
+    from tests.servers.postgres import PostgresServer
+
+    postgres = PostgresServer(extra=["-c", "synchronous_commit=on"])  # (a crash must not lose commits)
+    owned.append(postgres)
+    postgres.start()
+    return target_for(postgres.url, postgres)
 
 
 async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: str) -> int:
