@@ -106,8 +106,16 @@ class RedisHarness(Harness):
         return bool(await self.admin.delete(f"{self.prefix}:{{{name}}}"))
 
     async def leftovers(self) -> list[str]:
+        """Every key of the prefix but fence counters: lock hashes, and the primitives'
+        holds, queues and waiting entries (``<prefix>:{name}:fair|rw|sem[:data|:queue|:waiting]``)."""
         keys = [k.decode() async for k in self.admin.scan_iter(match=f"{self.prefix}:*")]
         return [k for k in keys if not k.endswith(":fence")]
+
+    async def expire_shape(self, kind: str, name: str) -> bool:
+        """Drop every hold of the primitive ``kind`` of ``name`` (its queue stays), with no message."""
+        family = {"fair": "fair", "read": "rw", "write": "rw", "semaphore": "sem"}[kind]
+        base = f"{self.prefix}:{{{name}}}:{family}"
+        return bool(await self.admin.delete(base, f"{base}:data"))
 
     async def close(self) -> None:
         keys = [k async for k in self.admin.scan_iter(match=f"{self.prefix}:*")]

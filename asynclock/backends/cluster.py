@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._errors import BackendUnavailable, LockError
 from .._values import LockInfo
-from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 from . import _redis_scripts as scripts
 from .redis import RedisBackend
 
@@ -155,6 +155,17 @@ class ClusterBackend(RedisBackend):
         client = RedisCluster(startup_nodes=nodes, **kwargs)
         client.commands_parser = _AnyPrimaryParser(client)
         return cls(client, prefix=prefix, owns_client=True)
+
+    def primitive(self, shape: Shape) -> Backend:
+        """Only the plain lock: the other shapes hand over on a per-client channel, which a shard cannot route."""
+        if shape == LOCK:
+            return self
+        raise unsupported(
+            self.kind,
+            shape,
+            "use a single Redis server (redis://) or Sentinel (redis+sentinel://) for the fair lock, "
+            "read-write lock and semaphore",
+        )
 
     @property
     def cluster(self) -> RedisCluster:

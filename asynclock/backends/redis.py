@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 try:
@@ -25,8 +26,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._errors import BackendUnavailable, LockError
 from .._values import LockInfo
-from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
+from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
 from . import _redis_scripts as scripts
+
+if TYPE_CHECKING:
+    from ._redis_primitives import Handovers
 
 __all__ = ["RedisBackend"]
 
@@ -134,6 +138,7 @@ class RedisBackend:
         self._renew = client.register_script(scripts.RENEW_MANY)
         self._info = client.register_script(scripts.INFO)
         self._listener: _Listener | None = None
+        self._handovers: Handovers | None = None
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> RedisBackend:
@@ -164,10 +169,24 @@ class RedisBackend:
         return f"{self._prefix}:{{{name}}}"
 
     def primitive(self, shape: Shape) -> Backend:
-        """Only the plain lock; other shapes raise NotImplementedError."""
+        """The plain lock is the backend; the fair lock, read-write lock and semaphore are adapters."""
         if shape == LOCK:
             return self
-        raise unsupported(self.kind, shape)
+        from ._redis_primitives import RedisQueued
+
+        return RedisQueued(self, shape)
+
+    def shape_key(self, name: str, family: str) -> str:
+        """The base key of the primitive ``family`` ("fair", "rw", "sem") of ``name``."""
+        return f"{self._prefix}:{{{name}}}:{family}"
+
+    def handovers(self) -> Handovers:
+        """The channel on which the server hands this client fair locks, read/write holds and permits."""
+        if self._handovers is None:
+            from ._redis_primitives import Handovers
+
+            self._handovers = Handovers(f"{self._prefix}:handover:{secrets.token_hex(8)}")
+        return self._handovers
 
     def _fence_key(self, name: str) -> str:
         return f"{self._prefix}:{{{name}}}:fence"
@@ -332,6 +351,8 @@ class _Listener:
         self._hooks = hooks
         self._channel_of = channel_of
         self._names: dict[bytes, str] = {}  # wanted channel -> lock name
+        # channels of other consumers: channel -> (on message payload, on resubscribed after a reconnect)
+        self._routes: dict[bytes, tuple[Callable[[bytes], None], Callable[[], None]]] = {}
         self._pending: dict[bytes, list[asyncio.Future[None]]] = {}
         self._conn: Any = None
         self._connected = asyncio.Event()
@@ -346,9 +367,22 @@ class _Listener:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="asynclock-redis-pubsub")
 
+    async def route(self, channel: str, on_message: Callable[[bytes], None], on_resync: Callable[[], None]) -> None:
+        """Deliver every message of ``channel`` to ``on_message``, for the client's lifetime.
+
+        ``on_resync`` is called whenever the channel is subscribed again after a
+        reconnect (messages may have been missed meanwhile).
+        """
+        key = channel.encode()
+        self._routes[key] = (on_message, on_resync)
+        await self._subscribe_channel(key)
+
     async def subscribe(self, name: str) -> None:
         channel = self._channel_of(name).encode()
         self._names[channel] = name
+        await self._subscribe_channel(channel)
+
+    async def _subscribe_channel(self, channel: bytes) -> None:
         self._ensure_task()
         conn = self._conn
         if conn is None or not self._connected.is_set():
@@ -398,7 +432,7 @@ class _Listener:
                 await conn.connect()
                 self._conn = conn
                 self._connected.set()
-                wanted = list(self._names)
+                wanted = list(self._names) + list(self._routes)
                 # Waiters that arrived while disconnected were not confirmed:
                 # wake everyone once the server confirms each channel again.
                 resubscribing = set(wanted)
@@ -432,6 +466,10 @@ class _Listener:
             return
         kind, channel = message[0], message[1]
         if kind == b"message":
+            route = self._routes.get(channel)
+            if route is not None:
+                route[0](message[2])
+                return
             name = self._names.get(channel)
             if name is not None:
                 self._hooks.wake_one(name)
@@ -443,6 +481,9 @@ class _Listener:
                     future.set_result(None)
             if channel in resubscribing:
                 resubscribing.discard(channel)
+                route = self._routes.get(channel)
+                if route is not None:
+                    route[1]()
                 name = self._names.get(channel)
                 if name is not None:
                     self._hooks.wake_all()

@@ -1,0 +1,531 @@
+"""The fair lock, the read-write lock and the semaphore on one Redis server.
+
+All three are one *queued resource* in Redis, told apart by the mode of each
+request: ``x`` (exclusive: the fair lock, the write side), ``r`` (shared: the
+read side) and ``s`` (one of ``permits``: the semaphore). A resource of the
+family ``fair``, ``rw`` or ``sem`` and the name ``N`` is five keys sharing the
+``{N}`` hash tag (``<base>`` is ``<prefix>:{N}:<family>``):
+
+* ``<base>``: ZSET of the holds, scored by the server-time (ms) at which each
+  expires. Every hold has its own expiry, so a dead reader or semaphore holder
+  lets go after its own ttl while the others keep theirs.
+* ``<base>:data``: HASH hold id -> ``"<mode> <token> <count>"``.
+* ``<base>:queue``: LIST of the queued hold ids, oldest first.
+* ``<base>:waiting``: HASH queued hold id -> ``"<deadline ms> <ttl ms> <mode>
+  <channel>"``: the entry's server-time deadline (a waiter keeps it alive by
+  polling), the ttl its hold gets, and the pub/sub channel its client listens to.
+* ``<base>:fence``: the last fencing token, the same rule as the plain lock
+  (``max(last + 1, server time in µs)``), shared by both sides of a rw lock.
+
+Every script first drops expired holds and then *serves* the queue: from the
+head, dead entries (deadline passed) are dropped and live ones are granted as
+long as they fit (one ``x`` on an empty resource; ``r`` while only readers
+hold it; ``s`` while fewer than ``permits`` hold it). A granted waiter becomes
+a holder inside the script (token, expiry from its own ttl) and one message,
+``"<hold> <token>"``, is published on its client's channel: its client owns
+the lock when the message arrives, and nobody else is woken (no herd). An
+acquire takes the resource directly only when nobody is queued and it fits,
+so nobody jumps the queue, not even ``timeout=0`` (which never queues).
+
+Read-write policy: FIFO phases. A writer in the queue keeps every later
+reader behind it; the readers queued behind it get in together once it is
+done, up to the next queued writer.
+
+All times are the server's (``TIME``), never the clients' clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .._errors import BackendUnavailable
+from .._values import LockInfo
+from ..abc import Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
+from .redis import FENCE_LIFETIME_MS, _call, _ms, _text
+
+if TYPE_CHECKING:
+    from .redis import RedisBackend
+
+__all__ = ["Handovers", "RedisQueued"]
+
+#: Request mode of each shape.
+MODES = {"fair": "x", "write": "x", "read": "r", "semaphore": "s"}
+#: Key family of each shape (both sides of a read-write lock are one resource).
+FAMILIES = {"fair": "fair", "write": "rw", "read": "rw", "semaphore": "sem"}
+#: Holds renewed by one script call (two keys each).
+RENEW_CHUNK = 500
+#: Longest pause between retries of a request that failed.
+RETRY_MAX = 1.0
+
+# The functions every script shares. KEYS[1..5] are always the resource's
+# holds ZSET, data HASH, queue LIST, waiting HASH and fence counter.
+_PRELUDE = """
+local H, D, Q, W, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+
+local function num(x) return string.format('%.0f', x) end
+
+-- the keys live at least ms more (never shortened: other entries may need longer)
+local function keep(keys, ms)
+  for _, k in ipairs(keys) do
+    local p = redis.call('PTTL', k)
+    if p ~= -2 and p < ms then redis.call('PEXPIRE', k, ms) end
+  end
+end
+
+local function prune()
+  for _, h in ipairs(redis.call('ZRANGEBYSCORE', H, '-inf', num(now))) do
+    redis.call('ZREM', H, h)
+    redis.call('HDEL', D, h)
+  end
+end
+
+local function fits(mode, permits)
+  local n = redis.call('ZCARD', H)
+  if n == 0 then return true end
+  if mode == 'x' then return false end
+  if mode == 's' then return n < permits end
+  -- 'r': the holders are all readers or one writer; look at one of them
+  local d = redis.call('HGET', D, redis.call('ZRANGE', H, 0, 0)[1])
+  return d ~= false and string.sub(d, 1, 1) == 'r'
+end
+
+local function grant(hold, mode, ttl, fence_ms)
+  local last = tonumber(redis.call('GET', F) or '0')
+  local token = num(math.max(last + 1, now_us))
+  redis.call('SET', F, token, 'PX', fence_ms)
+  redis.call('ZADD', H, num(now + ttl), hold)
+  redis.call('HSET', D, hold, mode .. ' ' .. token .. ' 1')
+  keep({H, D}, ttl)
+  return token
+end
+
+-- grant queued waiters from the head while they fit; drop dead entries on the way
+local function serve(permits, fence_ms)
+  while true do
+    local head = redis.call('LINDEX', Q, 0)
+    if not head then return end
+    local w = redis.call('HGET', W, head)
+    local deadline, ttl, mode, channel
+    if w then deadline, ttl, mode, channel = string.match(w, '^(%d+) (%d+) (%a) (.*)$') end
+    if not w or tonumber(deadline) <= now then
+      redis.call('LPOP', Q)
+      redis.call('HDEL', W, head)
+    elseif fits(mode, permits) then
+      redis.call('LPOP', Q)
+      redis.call('HDEL', W, head)
+      local token = grant(head, mode, tonumber(ttl), fence_ms)
+      redis.call('PUBLISH', channel, head .. ' ' .. token)
+    else
+      return
+    end
+  end
+end
+
+local function tidy()
+  if redis.call('ZCARD', H) == 0 and redis.call('LLEN', Q) == 0 then
+    redis.call('DEL', H, D, Q, W)
+  end
+end
+"""
+
+# KEYS[1..5] holds, data, queue, waiting, fence
+# ARGV[1] hold id, ARGV[2] mode (x, r, s), ARGV[3] permits, ARGV[4] ttl in ms
+# (of the hold, and of the queue entry until the next poll), ARGV[5] 1: queue
+# (or stay queued) if it cannot be had now, 0: never queue, ARGV[6] the
+# channel of the caller's client, ARGV[7] fence counter lifetime in ms
+# returns {1, token} if ARGV[1] holds it now (just taken, or already: a retry,
+# a poll after a hand-over; its expiry is reset to ARGV[4]), or {0, ms until
+# the first holder's lease ends (-1: no holder), 1 if ARGV[1] heads the queue}
+ACQUIRE = (
+    _PRELUDE
+    + """
+local hold, mode, permits, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+prune()
+serve(permits, ARGV[7])
+local d = redis.call('HGET', D, hold)
+if d then
+  redis.call('ZADD', H, num(now + ttl), hold)
+  keep({H, D}, ttl)
+  return {1, string.match(d, '^%a (%d+)')}
+end
+local w = redis.call('HGET', W, hold)
+if not w and redis.call('LLEN', Q) == 0 and fits(mode, permits) then
+  return {1, grant(hold, mode, ttl, ARGV[7])}
+end
+local first = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
+local hint = -1
+if first[2] then hint = tonumber(first[2]) - now end
+if ARGV[5] == '1' then
+  if not w then redis.call('RPUSH', Q, hold) end
+  redis.call('HSET', W, hold, num(now + ttl) .. ' ' .. ttl .. ' ' .. mode .. ' ' .. ARGV[6])
+  keep({Q, W}, ttl)
+  local head = 0
+  if redis.call('LINDEX', Q, 0) == hold then head = 1 end
+  return {0, hint, head}
+end
+tidy()
+return {0, hint, 0}
+"""
+)
+
+# KEYS[1..5] holds, data, queue, waiting, fence
+# ARGV[1] hold id, ARGV[2] permits, ARGV[3] 1: only leave the queue (a hold
+# stays), 0: also give up the hold, ARGV[4] fence counter lifetime in ms
+# returns {1} released, {2, token} still held (ARGV[3] = 1, nothing changed),
+# {0} not a holder (its queue entry, if any, is gone); whatever it frees is
+# handed to the queue's head
+RELEASE = (
+    _PRELUDE
+    + """
+local hold, permits = ARGV[1], tonumber(ARGV[2])
+prune()
+serve(permits, ARGV[4])
+local d = redis.call('HGET', D, hold)
+local out = {0}
+if d then
+  if ARGV[3] == '1' then return {2, string.match(d, '^%a (%d+)')} end
+  redis.call('ZREM', H, hold)
+  redis.call('HDEL', D, hold)
+  out = {1}
+elseif redis.call('HDEL', W, hold) == 1 then
+  redis.call('LREM', Q, 0, hold)
+end
+serve(permits, ARGV[4])
+tidy()
+return out
+"""
+)
+
+# KEYS[1..5] holds, data, queue, waiting, fence
+# ARGV[1] hold id, ARGV[2] hold count, ARGV[3] ttl in ms
+# returns 1 if ARGV[1] holds it (count recorded, expiry reset), 0 otherwise (no change)
+SET_COUNT = (
+    _PRELUDE
+    + """
+local s = redis.call('ZSCORE', H, ARGV[1])
+if s and tonumber(s) > now then
+  local mode, token = string.match(redis.call('HGET', D, ARGV[1]), '^(%a) (%d+)')
+  redis.call('HSET', D, ARGV[1], mode .. ' ' .. token .. ' ' .. ARGV[2])
+  redis.call('ZADD', H, num(now + tonumber(ARGV[3])), ARGV[1])
+  keep({H, D}, tonumber(ARGV[3]))
+  return 1
+end
+return 0
+"""
+)
+
+# KEYS[2i-1] holds ZSET, KEYS[2i] data HASH of the i-th hold
+# ARGV[2i-1] its hold id, ARGV[2i] its ttl in ms
+# returns a list: 1 renewed (expiry reset), 0 not a live holder (no change), per hold
+RENEW_MANY = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+local out = {}
+for i = 1, #ARGV / 2 do
+  local h, d, hold, ttl = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local s = redis.call('ZSCORE', h, hold)
+  if s and tonumber(s) > now then
+    redis.call('ZADD', h, string.format('%.0f', now + ttl), hold)
+    for _, k in ipairs({h, d}) do
+      if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+    end
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+# KEYS[1..5] holds, data, queue, waiting, fence
+# returns {{hold, "<mode> <token> <count>", ms left, ...} of the live holds,
+# soonest expiry first, number of live queue entries}
+INFO = (
+    _PRELUDE
+    + """
+local out = {}
+local hs = redis.call('ZRANGEBYSCORE', H, '(' .. num(now), '+inf', 'WITHSCORES')
+for i = 1, #hs, 2 do
+  out[#out + 1] = hs[i]
+  out[#out + 1] = redis.call('HGET', D, hs[i]) or ''
+  out[#out + 1] = tonumber(hs[i + 1]) - now
+end
+local waiting = 0
+for _, h in ipairs(redis.call('LRANGE', Q, 0, -1)) do
+  local w = redis.call('HGET', W, h)
+  if w and tonumber(string.match(w, '^(%d+)')) > now then waiting = waiting + 1 end
+end
+return {out, waiting}
+"""
+)
+
+
+@dataclass(slots=True, eq=False)
+class _Ticket:
+    """One queued acquire of this client, waiting for its hand-over message."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    token: int | None = None
+
+
+class Handovers:
+    """The backend's one pub/sub channel on which the server hands it locks.
+
+    Every adapter of a backend shares it; messages are ``"<hold> <token>"``
+    and are routed to the acquire waiting for that hold id. After the
+    listener reconnects (messages may have been missed) every waiter polls.
+    """
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self._tickets: dict[str, _Ticket] = {}
+        self._routing: asyncio.Task[None] | None = None
+
+    async def ready(self, backend: RedisBackend) -> None:
+        """Make sure the channel is subscribed (once per backend)."""
+        listener = backend._listener
+        if listener is None:
+            raise BackendUnavailable("the Redis backend is closed")
+        if self._routing is None or (self._routing.done() and self._routing.exception() is not None):
+            self._routing = asyncio.get_running_loop().create_task(
+                listener.route(self.channel, self.handle, self.resync), name="asynclock-redis-route"
+            )
+        await asyncio.shield(self._routing)
+
+    def expect(self, hold: str) -> _Ticket:
+        ticket = self._tickets[hold] = _Ticket()
+        return ticket
+
+    def forget(self, hold: str) -> None:
+        self._tickets.pop(hold, None)
+
+    def handle(self, payload: bytes) -> None:
+        hold, _, token = payload.decode("utf-8", "replace").rpartition(" ")
+        ticket = self._tickets.get(hold)
+        if ticket is not None and token.isdigit():
+            ticket.token = int(token)
+            ticket.event.set()
+
+    def resync(self) -> None:
+        for ticket in self._tickets.values():
+            ticket.event.set()
+
+
+class RedisQueued:
+    """The adapter of a queued shape (fair lock, read or write side, semaphore) on Redis."""
+
+    kind = "redis"
+    queues_waiters = True
+
+    def __init__(self, backend: RedisBackend, shape: Shape) -> None:
+        self._backend = backend
+        self._shape = shape
+        self._mode = MODES[shape.kind]
+        self._family = FAMILIES[shape.kind]
+        self._permits = shape.permits if shape.kind == "semaphore" else 1
+        client = backend.client
+        self._acquire = client.register_script(ACQUIRE)
+        self._release = client.register_script(RELEASE)
+        self._set_count = client.register_script(SET_COUNT)
+        self._renew = client.register_script(RENEW_MANY)
+        self._info = client.register_script(INFO)
+        self._hooks: BackendHooks | None = None
+
+    # -- keys -----------------------------------------------------------------
+
+    def lock_key(self, name: str) -> str:
+        return self._backend.shape_key(name, self._family)
+
+    def _keys(self, name: str) -> list[str]:
+        base = self.lock_key(name)
+        return [base, f"{base}:data", f"{base}:queue", f"{base}:waiting", f"{base}:fence"]
+
+    # -- protocol ----------------------------------------------------------------
+
+    def lease_time(self, ttl: float) -> float:
+        return ttl
+
+    def primitive(self, shape: Shape) -> Backend:
+        raise NotImplementedError("an adapter has no further primitives")
+
+    async def start(self, hooks: BackendHooks) -> None:
+        # No I/O: the hand-over channel is subscribed by the first acquire that queues.
+        self._hooks = hooks
+
+    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
+        raise NotImplementedError("queued shapes use wait_acquire")
+
+    async def _enter(self, name: str, hold: str, ttl: float, queue: bool, handovers: Handovers) -> tuple[int, int]:
+        """One ACQUIRE: (token, 0) if held now, else (-1, hint).
+
+        ``hint``: for the head of the queue, ms until the first holder's lease
+        ends (-1: no holder); -2 for everyone else (they poll at their own pace).
+        """
+        answer = await _call(
+            self._acquire(
+                keys=self._keys(name),
+                args=[
+                    hold,
+                    self._mode,
+                    self._permits,
+                    _ms(ttl),
+                    1 if queue else 0,
+                    handovers.channel,
+                    FENCE_LIFETIME_MS,
+                ],
+            )
+        )
+        if int(answer[0]) == 1:
+            return int(answer[1]), 0
+        return -1, int(answer[1]) if int(answer[2]) == 1 else -2
+
+    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = None if timeout is None else started + timeout
+        queue = timeout != 0
+        handovers = self._backend.handovers()
+        if queue:
+            await handovers.ready(self._backend)
+        ticket = handovers.expect(hold)
+        try:
+            # The first request: retried (same hold id, the script is idempotent)
+            # for a request window when it does not reach the server.
+            window = min(ttl / 3, 1.0)
+            delay = 0.02
+            while True:
+                sent = loop.time()
+                try:
+                    token, hint = await self._enter(name, hold, ttl, queue, handovers)
+                    break
+                except BackendUnavailable:
+                    if loop.time() + delay >= max(started + window, deadline or 0.0):
+                        raise
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX)
+            if token >= 0:
+                return Acquired(token)  # taken by this very request: the front's send time is earlier
+            if not queue:
+                return None
+            # ``queued_at``: the send time of the last request the server
+            # answered "still queued". A hand-over (by another client's
+            # release, or by a script that found the holder expired) happens
+            # after that request was served, hence after it was sent, and sets
+            # the hold's expiry from that moment: counting the lease from this
+            # send time is conservative, whichever way the news arrives.
+            queued_at = sent
+            failing_since: float | None = None
+            while True:
+                if ticket.token is not None:
+                    return Acquired(ticket.token, confirmed_at=queued_at)
+                now = loop.time()
+                if deadline is not None and now >= deadline:
+                    return await self._leave(name, hold, queued_at)
+                # Poll (which keeps the queue entry alive) every third of the
+                # entry's lifetime; the head also when the holder's lease ends.
+                pause = ttl / 3
+                if hint >= 0:
+                    pause = min(pause, hint / 1000 + 0.002)
+                if failing_since is not None:
+                    pause = min(pause, delay)
+                if deadline is not None:
+                    pause = min(pause, deadline - now)
+                ticket.event.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(pause, 0.001)):
+                        await ticket.event.wait()
+                if ticket.token is not None:
+                    continue
+                sent = loop.time()
+                try:
+                    token, hint = await self._enter(name, hold, ttl, True, handovers)
+                except BackendUnavailable:
+                    # Our entry outlives a failing server for its ttl; past that it is gone anyway.
+                    failing_since = sent if failing_since is None else failing_since
+                    if sent - queued_at >= ttl:
+                        raise
+                    delay = 0.02 if failing_since == sent else min(delay * 2, RETRY_MAX)
+                    hint = -2
+                    continue
+                failing_since = None
+                if token >= 0:
+                    return Acquired(token, confirmed_at=sent)  # this poll reset the hold's expiry
+                queued_at = sent
+        except BaseException:
+            # Cancelled, or failed: out of the queue, and a hand-over that raced
+            # in is given back (which hands it to the next in line).
+            if queue:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._give_back(name, hold))
+            raise
+        finally:
+            handovers.forget(hold)
+
+    async def _leave(self, name: str, hold: str, queued_at: float) -> Acquired | None:
+        """Time is up: leave the queue, unless the lock was handed over meanwhile."""
+        answer = await _call(self._release(keys=self._keys(name), args=[hold, self._permits, 1, FENCE_LIFETIME_MS]))
+        if int(answer[0]) == 2:
+            return Acquired(int(answer[1]), confirmed_at=queued_at)
+        return None
+
+    async def _give_back(self, name: str, hold: str) -> None:
+        await self.release(name, hold)
+
+    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+        done = await _call(self._set_count(keys=self._keys(name), args=[hold, count, _ms(ttl)]))
+        return bool(done)
+
+    async def release(self, name: str, hold: str) -> bool:
+        answer = await _call(self._release(keys=self._keys(name), args=[hold, self._permits, 0, FENCE_LIFETIME_MS]))
+        return int(answer[0]) == 1
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        results: list[bool | BaseException] = []
+        for start in range(0, len(items), RENEW_CHUNK):
+            chunk = items[start : start + RENEW_CHUNK]
+            keys: list[str] = []
+            args: list[str | int] = []
+            for item in chunk:
+                base = self.lock_key(item.name)
+                keys += [base, f"{base}:data"]
+                args += [item.hold, _ms(item.ttl)]
+            try:
+                answer = await _call(self._renew(keys=keys, args=args))
+            except BackendUnavailable as exc:
+                results += [exc] * len(chunk)
+                continue
+            results += [bool(flag) for flag in answer]
+        return results
+
+    async def subscribe(self, name: str) -> None:
+        """Not used: a hand-over message is addressed to its waiter's client."""
+
+    async def unsubscribe(self, name: str) -> None:
+        """Not used: a hand-over message is addressed to its waiter's client."""
+
+    async def info(self, name: str) -> LockInfo:
+        found, waiting = await _call(self._info(keys=self._keys(name)))
+        key = self.lock_key(name)
+        holders: list[tuple[str, int, int, float]] = []
+        for i in range(0, len(found), 3):
+            hold = _text(found[i]) or ""
+            parts = (_text(found[i + 1]) or "").split(" ")
+            token = int(parts[1]) if len(parts) == 3 else 0
+            count = int(parts[2]) if len(parts) == 3 else 1
+            holders.append((hold, token, count, max(0, int(found[i + 2])) / 1000))
+        if not holders:
+            return LockInfo(name, key, None, 0, None, int(waiting), None)
+        hold, token, count, left = holders[0]
+        return LockInfo(name, key, hold, count, left, int(waiting), token, tuple(h[0] for h in holders))
+
+    async def aclose(self) -> None:
+        """Nothing of its own to close: the hand-over channel belongs to the backend."""
