@@ -537,7 +537,15 @@ class Lock:
         locks._forget(lease)
         lease._released = True
         held_s = asyncio.get_running_loop().time() - lease._acquired_at
-        released = await _shielded(locks, locks._release_on_server(lease, raise_errors=True))
+        try:
+            released = await locks._release_on_server(lease, raise_errors=True)
+        except asyncio.CancelledError:
+            # The caller is cancelled; the hold must still go. A release by the
+            # hold's identity is idempotent, so repeating one that may have gone
+            # out already is harmless. (Awaited directly, not in a task of its
+            # own: that keeps the common case to one event-loop turn.)
+            locks._spawn(locks._release_on_server(lease, raise_errors=False))
+            raise
         if not released:
             lease._released = False
             lease._lose("the server no longer had this hold at release (expired or taken)")
@@ -588,6 +596,12 @@ class Lock:
     # -- internal -------------------------------------------------------------
 
     async def _reenter(self, lease: Lease) -> Lease:
+        if lease._reason is None and lease.lost:
+            # Past its trusted deadline without the watchdog noticing (it was
+            # stalled or not running): lost, not something to build on.
+            if self._locks._keeper is not None:
+                self._locks._keeper.remove(lease)
+            lease._lose(lease._deadline_reason())
         if lease.lost:
             raise LockLost(self.name, lease.lost_reason or "lost")
         lease.hold_count += 1

@@ -334,3 +334,22 @@ async def test_one_unexpected_renew_error_does_not_stop_the_watchdog(redis_serve
                 await asyncio.sleep(TTL / 10)
             assert failures == 1
             assert not lease.lost, lease.lost_reason
+
+
+async def test_a_lease_past_its_deadline_is_not_held_and_not_reentered(harness: Harness) -> None:
+    """The watchdog is not running (stalled, or stopped as here) and the lease's
+    trusted deadline passes: ``held`` turns false and a re-entry raises
+    LockLost instead of counting on an expired hold; the next acquire is fresh."""
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("stale")
+    first = await lock.acquire()
+    assert locks._keeper is not None
+    await locks._keeper.aclose()
+    await asyncio.sleep(max(0.0, first.expires_at - asyncio.get_running_loop().time()) + 0.01)
+    assert not lock.held
+    with pytest.raises(LockLost):
+        await lock.acquire()
+    assert first.lost
+    second = await lock.acquire(timeout=TTL + scaled(1))
+    assert second is not first and not second.lost
+    await lock.release()
