@@ -264,6 +264,41 @@ async def test_each_waiter_watches_only_its_predecessor(zk: ZooKeeperHarness) ->
     await asyncio.gather(*waiters, return_exceptions=True)
 
 
+async def test_a_free_lock_costs_create_pipelined_children_and_delete(zk: ZooKeeperHarness) -> None:
+    """Three requests in two round trips; the held node's watch rides on the first renewal."""
+    ttl = scaled(1.2)
+    locks = zk.connect(ttl=ttl)
+    lock = locks.lock("cheap")
+    async with lock:
+        pass  # connects and makes the lock's parents
+    session = backend_of(locks).session
+    sent: list[tuple[str, bool]] = []
+    original = session._send
+
+    def spy(conn: Any, request: Any, path: str, watch: Any = None) -> asyncio.Future[Any]:
+        sent.append((type(request).__name__, bool(conn.pending)))
+        return original(conn, request, path, watch)
+
+    session._send = spy  # type: ignore[method-assign]
+    lease = await lock.acquire()
+    # the children were asked for before the create was answered
+    assert sent == [("Create2Request", False), ("GetChildrenRequest", True)]
+    key = lock.key
+    [holder] = await (await zk.admin()).contenders(key)
+    sid = backend_of(locks).session.session_id
+    assert sid not in _watchers_by_path(zk.server.port).get(holder, set())
+    # the first renewal sets the deletion watch, in its exists request
+    await eventually(lambda: any(name == "ExistsRequest" for name, _ in sent), scaled(5), "a renewal")
+    watched = _watchers_by_path(zk.server.port).get(holder, set())
+    assert sid in watched
+    assert not [name for name, _ in sent if name == "GetDataRequest"]
+    # and deleting the node now loses the lease through that watch, not a later renewal
+    assert await zk.expire("cheap")
+    reason = await asyncio.wait_for(lease.wait_lost(), scaled(5))
+    assert "lock node was deleted" in reason, reason
+    assert not lock.held
+
+
 def _watchers_by_path(port: int) -> dict[str, set[int]]:
     text = four_letter(port, b"wchp").decode()
     found: dict[str, set[int]] = {}

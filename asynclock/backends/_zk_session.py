@@ -60,6 +60,7 @@ __all__ = [
     "NODE_EXISTS",
     "NO_NODE",
     "Stat",
+    "WatchCallback",
     "ZkConnectionLoss",
     "ZkError",
     "ZkSession",
@@ -273,9 +274,11 @@ class ZkSession:
         """
         return await self._send(self._current(), request, path, watch)
 
-    def submit(self, request: Any, path: str = "") -> asyncio.Future[Any]:
+    def submit(
+        self, request: Any, path: str = "", watch: tuple[str, WatchCallback] | None = None
+    ) -> asyncio.Future[Any]:
         """Like :meth:`call` but returns the future at once (requests pipelined)."""
-        return self._send(self._current(), request, path)
+        return self._send(self._current(), request, path, watch)
 
     async def ping(self) -> float:
         """One round trip; returns the send time that the server acknowledged."""

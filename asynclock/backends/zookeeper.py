@@ -22,8 +22,11 @@ session before then. While this client holds a lock, the lease watchdog's
 renewals (one pipelined ``exists`` per held node, one round trip) are the
 session's only heartbeat, so a client whose watchdog stalls lets its session,
 and its locks, go, as a Redis key would expire. The holder's own node is
-watched: deleting it (an administrator, or the session expiring) loses the
-lease at once.
+watched from its first renewal on (the watch rides on that renewal's
+``exists``, so a free lock costs a create, with the children read pipelined
+behind it, and a delete): deleting it (an administrator, or the session
+expiring) loses the lease at once; before that first renewal, a deletion is
+found by the renewal itself.
 
 Fencing token: the czxid of the holder's node. zxids increase with every
 transaction of the ensemble, across leader changes (the epoch is the high
@@ -55,7 +58,17 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .._errors import LockError
 from .._values import LockInfo
 from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
-from ._zk_session import CONTAINER, EPHEMERAL, NO_NODE, NODE_EXISTS, SEQUENTIAL, ZkConnectionLoss, ZkError, ZkSession
+from ._zk_session import (
+    CONTAINER,
+    EPHEMERAL,
+    NO_NODE,
+    NODE_EXISTS,
+    SEQUENTIAL,
+    WatchCallback,
+    ZkConnectionLoss,
+    ZkError,
+    ZkSession,
+)
 
 __all__ = ["ZooKeeperBackend", "escape_name"]
 
@@ -339,6 +352,16 @@ class ZooKeeperBackend:
             node = self._nodes.get(item.hold)
             if node is None or not self._alive(node) or node.path is None:
                 futures.append(None)
+            elif node.held and not node.releasing and node.armed != session.connection_seq:
+                # the first renewal on a connection also sets the deletion watch
+                node.armed = session.connection_seq
+                futures.append(
+                    session.submit(
+                        protocol.ExistsRequest(path=node.path, watch=True),
+                        node.path,
+                        watch=("data", self._held_watch(node)),
+                    )
+                )
             else:
                 futures.append(session.submit(protocol.ExistsRequest(path=node.path, watch=False), node.path))
         if all(future is None for future in futures):
@@ -457,13 +480,19 @@ class ZooKeeperBackend:
         while True:
             if self._closed:
                 raise ZkConnectionLoss("the ZooKeeper client is closed")
+            listing: asyncio.Future[Any] | None = None
             if node.path is None or not self._alive(node):
                 node.path, node.gone = None, False
-                await self._create(node, deadline)
+                # the children are read in the same write as the create: the
+                # server answers a session's requests in order, so the list
+                # has our node in it (one round trip when the lock is free)
+                listing = await self._create(node, deadline)
                 assert node.path is not None
-            await self._wait_connected(deadline)
             try:
-                reply = await session.call(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
+                if listing is None:
+                    await self._wait_connected(deadline)
+                    listing = session.submit(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
+                reply = await listing
             except ZkConnectionLoss:
                 continue  # re-read after the reconnect
             except ZkError as exc:
@@ -481,8 +510,9 @@ class ZooKeeperBackend:
                     self._spawn(self._delete_quietly(f"{node.dir}/{twin}"))
             index = contenders.index(mine)
             if index == 0:
+                # the deletion watch on our node is set by the first renewal
+                # (in the same request), so a free lock costs create + delete
                 node.held = True
-                self._arm(node)
                 return Acquired(node.czxid, confirmed_at=session.confirmed_at)
             if once:
                 return None
@@ -513,24 +543,41 @@ class ZooKeeperBackend:
             finally:
                 session.unwatch("data", predecessor, wake)
 
-    async def _create(self, node: _Node, deadline: float | None) -> None:
-        """Create our contender node, once, even across connection losses."""
+    async def _create(self, node: _Node, deadline: float | None) -> asyncio.Future[Any] | None:
+        """Create our contender node, once, even across connection losses.
+
+        Returns the answer to a getChildren sent right behind the create, or
+        None when the node was found after a lost create answer.
+        """
         session = self._session
         base = f"{node.dir}/{_PROTECTED}{node.guid}{_LOCK_BASE}"
         missing_parents = 0
         while True:
             await self._wait_connected(deadline)
             if node.uncertain and await self._adopt(node):
-                return
+                return None
             node.session = session.session_id
             node.uncertain = True
             request = protocol.Create2Request(
                 path=base, data=b"", acl=[protocol.UNRESTRICTED_ACCESS], flags=EPHEMERAL | SEQUENTIAL
             )
             future = node.create_future = session.submit(request, base)
+            listing: asyncio.Future[Any] | None = None
+            with contextlib.suppress(ZkConnectionLoss):  # the create's own answer tells
+                listing = session.submit(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
             try:
-                # shielded: a cancelled acquire still learns which node it made
-                reply = await asyncio.shield(future)
+                if listing is not None:
+                    # answered after the create (a session's answers come in
+                    # order, and a dropped connection fails both): waiting on
+                    # the listing leaves the create's future alone, so a
+                    # cancelled acquire still learns which node it made
+                    with contextlib.suppress(LockError):
+                        await listing
+                    if not future.done():  # pragma: no cover - the server answers in order
+                        await asyncio.shield(future)
+                    reply = future.result()
+                else:
+                    reply = await asyncio.shield(future)
             except ZkConnectionLoss:
                 continue  # did it happen? _adopt finds out after the reconnect
             except ZkError as exc:
@@ -543,7 +590,7 @@ class ZooKeeperBackend:
             node.uncertain = False
             node.path = str(reply.path)
             node.czxid = int(reply.stat.created_zxid)
-            return
+            return listing
 
     async def _adopt(self, node: _Node) -> bool:
         """After a lost create answer: find our node by its GUID; keep it if this session owns it."""
@@ -654,18 +701,24 @@ class ZooKeeperBackend:
         node.armed = self._session.connection_seq
         self._spawn(self._watch_held(node))
 
-    async def _watch_held(self, node: _Node) -> None:
-        session = self._session
-        if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.path is None:
-            return
+    def _held_watch(self, node: _Node) -> WatchCallback:
+        """The callback of a held node's deletion watch."""
 
         def fired(what: str) -> None:
             node.armed = -1
             if what == "event" and not self._closed:
                 self._arm(node)  # read it again: deleted, or just changed?
 
+        return fired
+
+    async def _watch_held(self, node: _Node) -> None:
+        session = self._session
+        if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.path is None:
+            return
         try:
-            await session.call(protocol.GetDataRequest(path=node.path, watch=True), node.path, watch=("data", fired))
+            await session.call(
+                protocol.GetDataRequest(path=node.path, watch=True), node.path, watch=("data", self._held_watch(node))
+            )
         except ZkConnectionLoss:
             node.armed = -1  # armed again after the reconnect
         except ZkError as exc:
