@@ -141,3 +141,19 @@ async def test_different_jobs_run_side_by_side(example: str, lock_url: str, monk
 
     assert recorder.most_active == 2, recorder.log
     assert {a["job"], b["job"]} == {"invoices", "payroll"}
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_primitives_example_keeps_its_promises(backend: str, request: pytest.FixtureRequest) -> None:
+    url = "memory://" if backend == "memory" else request.getfixturevalue("redis_server").url
+    module = load_example("primitives")
+    log: list[str] = await asyncio.wait_for(module.main(url), scaled(30))
+    runs = [line for line in log if line.startswith("nightly: worker")]
+    assert [line.split()[2] for line in runs] == ["0", "1", "2", "3", "4"], "the fair lock goes in queue order"
+    at = {line: i for i, line in enumerate(log)}
+    writes = next(i for i, line in enumerate(log) if line.startswith("catalog: writer writes"))
+    for i in (1, 2, 3):
+        assert at[f"catalog: reader {i} reads"] < writes and at[f"catalog: reader {i} done"] < writes
+    assert at["catalog: writer done"] < at["catalog: reader 4 reads"], "a reader after the writer waits for it"
+    assert log[-1] in ("gpu: at most 2 jobs ran at once", "gpu: at most 1 jobs ran at once")
+    assert sum(line.startswith("gpu: job") for line in log) == 6
