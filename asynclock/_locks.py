@@ -92,6 +92,8 @@ class Locks:
         # shape -> its adapter and, once started, the hub of its waiters
         self._adapters: dict[Shape, Backend] = {LOCK: backend}
         self._hubs: dict[Shape, WakeHub] = {}
+        # (read-write lock name, owner) -> read acquisitions joined to that owner's write hold
+        self._joined: dict[tuple[str, str], int] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._hold_seq = itertools.count(1)
         self._keeper: LeaseKeeper | None = None
@@ -413,6 +415,9 @@ class Lock:
     @property
     def held(self) -> bool:
         """Whether the current task holds this lock, as far as this client knows."""
+        return self._holding()
+
+    def _holding(self) -> bool:
         lease = self._locks._holds.get(self._key, {}).get(current_owner())
         return lease is not None and not lease.lost
 
@@ -870,6 +875,29 @@ class WriteLock(Lock):
             )
         return await super().acquire(timeout=timeout)
 
+    @property
+    def held(self) -> bool:
+        """Whether the current task holds the write side (not counting reads taken inside it)."""
+        return self._holding() and self._writes(current_owner()) > 0
+
+    async def release(self) -> None:
+        owner = current_owner()
+        if self._holding() and self._writes(owner) <= 0:
+            # Only reads taken inside the write remain (a downgrade): those are
+            # released through the read side.
+            raise NotHeld(self.name, "the write side was released as often as it was acquired")
+        await super().release()
+
+    def _writes(self, owner: str) -> int:
+        """How many write acquisitions ``owner`` has not released (its hold minus joined reads)."""
+        lease = self._locks._holds.get(self._key, {}).get(owner)
+        if lease is None:
+            return 0
+        return lease.hold_count - self._locks._joined.get((self.name, owner), 0)
+
+    async def _release_joined_read(self) -> None:
+        await Lock.release(self)
+
 
 class ReadLock(Lock):
     """The read side of a :class:`RWLock`: any number of holders, while nobody writes.
@@ -878,13 +906,11 @@ class ReadLock(Lock):
     the write hold (the lock stays exclusive until both are released).
     """
 
-    __slots__ = ("_joined", "_write")
+    __slots__ = ("_write",)
 
     def __init__(self, locks: Locks, name: str, ttl: float, write: WriteLock) -> None:
         super().__init__(locks, name, ttl, Shape("read"))
         self._write = write
-        #: owner -> how many read acquisitions joined that owner's write hold
-        self._joined: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<RWLock {self.name!r} read ttl={self.ttl}>"
@@ -892,8 +918,8 @@ class ReadLock(Lock):
     @property
     def held(self) -> bool:
         """Whether the current task holds the read side (or joined it to its write hold)."""
-        if self._joined.get(current_owner()):
-            return self._write.held
+        if self._locks._joined.get((self.name, current_owner())):
+            return self._write._holding()
         return super().held
 
     async def acquire(self, *, timeout: float | None = None) -> Lease:
@@ -904,21 +930,22 @@ class ReadLock(Lock):
             writing = holds.get(self._write._key, {}).get(owner)
             if writing is not None:
                 lease = await self._write._reenter(writing)
-                self._joined[owner] = self._joined.get(owner, 0) + 1
+                joined = self._locks._joined
+                joined[self.name, owner] = joined.get((self.name, owner), 0) + 1
                 return lease
         return await super().acquire(timeout=timeout)
 
     async def release(self) -> None:
-        owner = current_owner()
-        joined = self._joined.get(owner)
+        key = (self.name, current_owner())
+        joined = self._locks._joined.get(key)
         if not joined:
             await super().release()
             return
         if joined == 1:
-            del self._joined[owner]
+            del self._locks._joined[key]
         else:
-            self._joined[owner] = joined - 1
-        await self._write.release()
+            self._locks._joined[key] = joined - 1
+        await self._write._release_joined_read()
 
 
 class RWLock:
