@@ -1,0 +1,487 @@
+"""The fair lock, read-write lock and semaphore on real redis-servers: what
+only Redis can show (hand-over without a herd, lost pub/sub messages, dead
+waiters and SIGKILLed holders in other processes, server-time queue entries).
+The generic semantics run in ``test_primitives.py`` and the lock contract in
+``test_shapes.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+import asynclock
+from asynclock import LockTimeout
+from asynclock.backends._redis_primitives import RedisQueued
+from asynclock.backends.redis import RedisBackend, _ms
+from tests.harness import RedisHarness, redis_backend
+from tests.servers import RedisServer, scaled
+from tests.servers.redis_topologies import SentinelSetup
+from tests.test_primitives import Holder
+
+pytestmark = pytest.mark.anyio
+
+TTL = scaled(0.6)
+#: Long enough that no waiter polls while a test counts commands.
+LONG = scaled(6.0)
+
+#: A holder in a process of its own: acquires, says so, then holds until killed
+#: (or, with "release", appends its number to a list and releases at once).
+CHILD = r"""
+import asyncio, sys
+import asynclock
+import redis.asyncio as aioredis
+
+async def main(url, prefix, kind, name, ttl, tag, then):
+    async with asynclock.connect(url, prefix=prefix, ttl=float(ttl)) as locks:
+        if kind == "fair":
+            handle = locks.lock(name, fair=True)
+        elif kind == "sem":
+            handle = locks.semaphore(name, permits=2)
+        else:
+            handle = locks.rw_lock(name).write
+        print("started", flush=True)
+        lease = await handle.acquire()
+        if then == "release":
+            admin = aioredis.Redis.from_url(url)
+            await admin.rpush(prefix + ":order", tag)
+            await admin.aclose()
+            await handle.release()
+            return
+        print("held", lease.token, flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+class Child:
+    """A child Python process holding (or queueing for) a primitive."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, url: str, prefix: str, kind: str, name: str, ttl: float, tag: str, then: str) -> Child:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CHILD, url, prefix, kind, name, str(ttl), tag, then,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )  # fmt: skip
+        child = cls(proc)
+        assert await child.line() == "started"
+        return child
+
+    async def line(self) -> str:
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(scaled(20)):
+            return (await self.proc.stdout.readline()).decode().strip()
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> int:
+        async with asyncio.timeout(scaled(20)):
+            return await self.proc.wait()
+
+
+@pytest.fixture
+async def admin(redis_fresh: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_fresh.url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def fresh(redis_fresh: RedisServer) -> AsyncIterator[RedisHarness]:
+    """A harness (fresh prefix, nothing left behind checked at the end) on a server of the test's own."""
+    async with RedisHarness(redis_fresh) as h:
+        yield h
+
+
+@pytest.fixture
+async def shared(redis_server: RedisServer) -> AsyncIterator[RedisHarness]:
+    async with RedisHarness(redis_server) as h:
+        yield h
+
+
+@contextlib.asynccontextmanager
+async def children() -> AsyncIterator[list[Child]]:
+    started: list[Child] = []
+    try:
+        yield started
+    finally:
+        for child in started:
+            child.kill()
+            with contextlib.suppress(Exception):
+                await child.wait()
+
+
+async def waiters(lock: asynclock.Lock, count: int, *, at_least: bool = False) -> None:
+    """Wait (bounded) until the server reports ``count`` (or more) live queue entries on ``lock``."""
+    async with asyncio.timeout(scaled(20)):
+        while True:
+            found = (await lock.info()).waiters
+            assert found is not None
+            if found == count or (at_least and found > count):
+                return
+            await asyncio.sleep(0.01)
+
+
+async def commandstats(admin: aioredis.Redis) -> dict[str, int]:
+    stats = await admin.info("commandstats")
+    return {key.removeprefix("cmdstat_"): int(value["calls"]) for key, value in stats.items()}
+
+
+def adapter(lock: asynclock.Lock) -> RedisQueued:
+    backend = lock._backend
+    assert isinstance(backend, RedisQueued)
+    return backend
+
+
+# -- fair lock ----------------------------------------------------------------------
+
+
+async def test_fifo_across_processes(fresh: RedisHarness, admin: aioredis.Redis) -> None:
+    holder = fresh.connect(ttl=LONG)
+    lock = holder.lock("fifo", fair=True)
+    await lock.acquire()
+    async with children() as started:
+        for i in range(3):
+            started.append(await Child.start(fresh.url, fresh.prefix, "fair", "fifo", LONG, str(i), "release"))
+            await waiters(lock, i + 1)  # this child reached the server before the next one starts
+        await lock.release()
+        for child in started:
+            assert await child.wait() == 0
+    assert await admin.lrange(f"{fresh.prefix}:order", 0, -1) == [b"0", b"1", b"2"]
+    await admin.delete(f"{fresh.prefix}:order")
+
+
+async def _handoffs(harness: RedisHarness, admin: aioredis.Redis, name: str, count: int) -> dict[str, int]:
+    """``count`` waiters (each its own client) behind one holder; the commands the chain of releases costs."""
+    holder = harness.connect(ttl=LONG)
+    lock = holder.lock(name, fair=True)
+    await lock.acquire()
+    clients = [harness.connect(ttl=LONG) for _ in range(count)]
+    order: list[int] = []
+
+    async def wait(i: int) -> None:
+        async with clients[i].lock(name, fair=True):
+            order.append(i)
+
+    tasks = []
+    for i in range(count):
+        tasks.append(asyncio.create_task(wait(i)))
+        await waiters(lock, i + 1)
+    await admin.config_resetstat()
+    await lock.release()
+    async with asyncio.timeout(scaled(20)):
+        await asyncio.gather(*tasks)
+    stats = await commandstats(admin)
+    assert order == list(range(count))
+    for client in clients:
+        await client.aclose()
+    return stats
+
+
+async def test_a_release_wakes_only_the_head_waiter(fresh: RedisHarness, admin: aioredis.Redis) -> None:
+    few = await _handoffs(fresh, admin, "few", 2)
+    many = await _handoffs(fresh, admin, "many", 12)
+    # One message per hand-over, to the one client whose waiter got the lock;
+    # every waiter's acquire cost one script call and its release another, so
+    # the server work per hand-over does not grow with the number of waiters
+    # (a poll of a waiter is the only other request; with LONG ttls there is
+    # none while the chain runs, and the slack below allows one per waiter).
+    for stats, count in ((few, 2), (many, 12)):
+        assert stats.get("publish", 0) == count, stats
+        assert stats.get("evalsha", 0) <= count + 1 + count, stats
+    per_handoff_few = few.get("evalsha", 0) / 2
+    per_handoff_many = many.get("evalsha", 0) / 12
+    assert per_handoff_many <= 1.5 * per_handoff_few + 1
+
+
+async def test_hand_over_lands_after_the_waiters_pubsub_connection_was_killed(
+    fresh: RedisHarness, admin: aioredis.Redis
+) -> None:
+    holder, waiter = fresh.connect(ttl=TTL), fresh.connect(ttl=TTL)
+    lock = holder.lock("cut", fair=True)
+    await lock.acquire()
+    waiting = Holder(waiter.lock("cut", fair=True))
+    await waiters(lock, 1)
+    listener = redis_backend(waiter)._listener
+    assert listener is not None
+    before = listener.reconnects
+    await admin.client_kill_filter(_type="pubsub")
+    await lock.release()  # published while the waiter's client may not listen
+    lease = await waiting.got()
+    assert not lease.lost
+    assert listener.reconnects > before
+    await waiting.release()
+
+
+async def test_a_lost_hand_over_message_is_found_by_the_waiters_poll(fresh: RedisHarness) -> None:
+    holder, waiter = fresh.connect(ttl=TTL), fresh.connect(ttl=TTL)
+    lock = holder.lock("lost", fair=True)
+    await lock.acquire()
+    waiting = Holder(waiter.lock("lost", fair=True))
+    await waiters(lock, 1)
+    # Messages to the waiter's client vanish (as if published while it reconnected).
+    backend = redis_backend(waiter)
+    listener = backend._listener
+    assert listener is not None
+    channel = backend.handovers().channel.encode()
+    dropped: list[bytes] = []
+    real = listener._routes[channel]
+    listener._routes[channel] = (dropped.append, real[1])
+    await lock.release()
+    lease = await waiting.got()
+    assert len(dropped) == 1, "the hand-over was published once"
+    assert not lease.lost
+    info = await waiter.lock("lost", fair=True).info()
+    assert info.owner is not None and info.owner.startswith(waiter.client_id)
+    listener._routes[channel] = real
+    await waiting.release()
+
+
+async def test_a_dead_waiter_is_skipped_after_its_entry_expires(fresh: RedisHarness) -> None:
+    holder, patient = fresh.connect(ttl=TTL), fresh.connect(ttl=TTL)
+    lock = holder.lock("dead", fair=True)
+    await lock.acquire()
+    async with children() as started:
+        child = await Child.start(fresh.url, fresh.prefix, "fair", "dead", TTL, "0", "hold")
+        started.append(child)
+        await waiters(lock, 1)
+        child.kill()  # no clean-up: its queue entry stays until it expires
+        await child.wait()
+        waiting = Holder(patient.lock("dead", fair=True))
+        await waiters(lock, 2)
+        await lock.release()
+        lease = await waiting.got()
+        assert not lease.lost
+        await waiting.release()
+
+
+async def test_queue_entries_expire_by_the_servers_clock(fresh: RedisHarness, admin: aioredis.Redis) -> None:
+    holder, other = fresh.connect(ttl=TTL), fresh.connect(ttl=TTL)
+    lock = holder.lock("ghost", fair=True)
+    await lock.acquire()
+    fair = adapter(lock)
+    backend = redis_backend(holder)
+    # A waiter that queues once and never polls again.
+    token, _ = await fair._enter("ghost", "ghost-hold", TTL, True, backend.handovers())
+    assert token == -1
+    seconds, micros = await admin.time()
+    entry = await admin.hget(f"{fresh.prefix}:{{ghost}}:fair:waiting", "ghost-hold")
+    deadline_ms = int(entry.split()[0])
+    server_now_ms = seconds * 1000 + micros // 1000
+    # The deadline is the server's TIME plus the ttl (not this process's clock).
+    assert 0 < deadline_ms - server_now_ms <= _ms(TTL)
+    assert (await lock.info()).waiters == 1
+    while (await admin.time())[0] * 1000 <= deadline_ms + 1:
+        await asyncio.sleep(0.02)
+    assert (await lock.info()).waiters == 0
+    await lock.release()
+    # Not handed to the dead entry: free for anyone, even with timeout=0.
+    free = other.lock("ghost", fair=True)
+    await free.acquire(timeout=0)
+    await free.release()
+
+
+# -- semaphore ------------------------------------------------------------------------
+
+
+async def test_a_sigkilled_holders_permit_comes_back_within_its_ttl(fresh: RedisHarness) -> None:
+    mine, other = fresh.connect(ttl=TTL), fresh.connect(ttl=TTL)
+    sem = mine.semaphore("pool", permits=2)
+    await sem.acquire()
+    async with children() as started:
+        child = await Child.start(fresh.url, fresh.prefix, "sem", "pool", TTL, "0", "hold")
+        started.append(child)
+        assert (await child.line()).startswith("held")
+        with pytest.raises(LockTimeout):
+            await other.semaphore("pool", permits=2).acquire(timeout=0)
+        child.kill()
+        await child.wait()
+        killed_at = asyncio.get_running_loop().time()
+        lease = await other.semaphore("pool", permits=2).acquire(timeout=TTL + scaled(5))
+        assert asyncio.get_running_loop().time() >= killed_at
+        info = await sem.info()
+        assert len(info.holders) == 2
+        await other.semaphore("pool", permits=2).release()
+        assert lease.token is not None
+    await sem.release()
+
+
+async def test_semaphore_release_hands_the_permit_to_one_waiter(fresh: RedisHarness, admin: aioredis.Redis) -> None:
+    clients = [fresh.connect(ttl=LONG) for _ in range(4)]
+    sems = [c.semaphore("s", permits=2) for c in clients]
+    await sems[0].acquire()
+    await sems[1].acquire()
+    holders = [Holder(sems[2])]
+    await waiters(sems[0], 1)
+    holders.append(Holder(sems[3]))
+    await waiters(sems[0], 2)
+    await admin.config_resetstat()
+    await sems[0].release()
+    await holders[0].got()  # the head of the queue
+    assert (await commandstats(admin)).get("publish", 0) == 1, "one permit freed, one message"
+    assert holders[1].lease is None and (await sems[0].info()).waiters == 1
+    await sems[1].release()
+    await holders[1].got()
+    for holder in holders:
+        await holder.release()
+
+
+# -- read-write lock ---------------------------------------------------------------
+
+
+async def test_a_writer_is_not_starved_by_a_stream_of_readers(fresh: RedisHarness) -> None:
+    readers = [fresh.connect(ttl=TTL) for _ in range(3)]
+    writer = fresh.connect(ttl=TTL)
+    probe = readers[0].rw_lock("stream").read
+    queued_at: list[float] = []
+    late_reads: list[float] = []
+    written = asyncio.Event()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    async def read_forever(client: asynclock.Locks) -> None:
+        rw = client.rw_lock("stream")
+        while not stop.is_set():
+            started = loop.time()
+            async with rw.read:
+                if queued_at and started > queued_at[0] and not written.is_set():
+                    late_reads.append(started)
+                await asyncio.sleep(0.01)
+
+    streams = [asyncio.create_task(read_forever(c)) for c in readers for _ in range(3)]
+    await asyncio.sleep(0.1)  # readers overlap: the lock is never free of readers
+    writing = Holder(writer.rw_lock("stream").write)
+    await waiters(probe, 1, at_least=True)  # readers queue up behind it at once
+    queued_at.append(loop.time())
+    await writing.got()
+    written.set()
+    assert not late_reads, "a reader that came after the queued writer got in before it"
+    await writing.release()
+    stop.set()
+    async with asyncio.timeout(scaled(10)):
+        await asyncio.gather(*streams)
+
+
+async def test_rw_tokens_share_one_counter(shared: RedisHarness) -> None:
+    locks = shared.connect(ttl=TTL)
+    rw = locks.rw_lock("tokens")
+    tokens = []
+    for _ in range(3):
+        async with rw.read as lease:
+            tokens.append(lease.token)
+        async with rw.write as lease:
+            tokens.append(lease.token)
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+# -- all of them ----------------------------------------------------------------------
+
+
+async def test_cancellation_at_random_points_leaves_no_entries_or_holds(fresh: RedisHarness) -> None:
+    clients = [fresh.connect(ttl=TTL) for _ in range(3)]
+    rnd = random.Random(8)
+
+    def handles(client: asynclock.Locks) -> list[asynclock.Lock]:
+        rw = client.rw_lock("c")
+        return [client.lock("c", fair=True), rw.read, rw.write, client.semaphore("c", permits=2)]
+
+    async def use(handle: asynclock.Lock) -> None:
+        async with handle:
+            await asyncio.sleep(rnd.uniform(0, 0.01))
+
+    for _ in range(8):
+        tasks = [asyncio.create_task(use(rnd.choice(handles(c)))) for c in clients for _ in range(4)]
+        await asyncio.sleep(rnd.uniform(0, 0.02))
+        for task in tasks:
+            if rnd.random() < 0.6:
+                task.cancel()
+                await asyncio.sleep(rnd.uniform(0, 0.003))
+        async with asyncio.timeout(scaled(20)):
+            await asyncio.gather(*tasks, return_exceptions=True)
+    # The harness checks that no key is left (holds, queues, waiting entries).
+    for client in clients:
+        await client.aclose()
+    assert await fresh.leftovers() == []
+
+
+async def test_renewal_of_many_holds_is_one_script_call(fresh: RedisHarness, admin: aioredis.Redis) -> None:
+    locks = fresh.connect(ttl=TTL)
+    sem = locks.semaphore("many", permits=50)
+    adapter_ = adapter(sem)
+    from asynclock.abc import RenewItem
+
+    holds = []
+    for i in range(20):
+        hold = f"h{i}"
+        token, _ = await adapter_._enter("many", hold, TTL, False, redis_backend(locks).handovers())
+        assert token > 0
+        holds.append(RenewItem("many", hold, TTL))
+    await adapter_.renew(holds)  # the script is loaded now
+    await admin.config_resetstat()
+    results = await adapter_.renew([*holds, RenewItem("many", "nobody", TTL)])
+    assert results == [True] * 20 + [False]
+    assert (await commandstats(admin)).get("evalsha", 0) == 1
+    info = await sem.info()
+    assert len(info.holders) == 20 and info.waiters == 0
+    for item in holds:
+        assert await adapter_.release("many", item.hold)
+
+
+async def test_cluster_refuses_the_primitives_without_io() -> None:
+    from asynclock.backends.cluster import ClusterBackend
+
+    locks = asynclock.connect("redis+cluster://127.0.0.1:1")
+    assert isinstance(locks.backend, ClusterBackend)
+    with pytest.raises(NotImplementedError, match="redis://"):
+        locks.lock("x", fair=True)
+    with pytest.raises(NotImplementedError):
+        locks.semaphore("x", permits=2)
+    with pytest.raises(NotImplementedError):
+        locks.rw_lock("x")
+    await locks.aclose()
+
+
+# -- through Sentinel -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sentinels() -> Iterator[SentinelSetup]:
+    group = SentinelSetup()
+    try:
+        group.start()
+        yield group
+    finally:
+        group.cleanup()
+
+
+async def test_fair_lock_and_semaphore_through_sentinel(sentinels: SentinelSetup) -> None:
+    prefix = f"s{random.getrandbits(32):x}"
+    async with (
+        asynclock.connect(sentinels.url, prefix=prefix, ttl=TTL) as a,
+        asynclock.connect(sentinels.url, prefix=prefix, ttl=TTL) as b,
+    ):
+        assert isinstance(a.backend, RedisBackend)
+        lock = a.lock("s", fair=True)
+        await lock.acquire()
+        waiting = Holder(b.lock("s", fair=True))
+        await waiters(lock, 1)
+        await lock.release()
+        lease = await waiting.got()
+        assert not lease.lost
+        await waiting.release()
+        async with a.semaphore("p", permits=2), b.semaphore("p", permits=2):
+            assert len((await a.semaphore("p", permits=2).info()).holders) == 2
