@@ -6,8 +6,9 @@ from typing import Any
 
 from aiozk import protocol
 
+from asynclock.abc import Shape
 from asynclock.backends._zk_session import NO_NODE, ZkError, ZkSession
-from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders
+from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders, _rw_holders, _sequence
 from tests.harness import Harness
 from tests.servers.zookeeper import ZooKeeperServer
 
@@ -99,12 +100,33 @@ class ZooKeeperHarness(Harness):
         holders = await admin.contenders(self._keys.lock_key(name))
         return bool(holders) and await admin.delete(holders[0])
 
-    async def leftovers(self) -> list[str]:
+    async def expire_shape(self, kind: str, name: str) -> bool:
+        """Delete the nodes that hold the primitive ``kind`` of ``name``, as an administrator would."""
+        if kind in ("fair", "lock"):
+            return await self.expire(name)
         admin = await self.admin()
-        found = []
-        for child in await admin.children(self.base):
-            found += await admin.contenders(f"{self.base}/{child}")
-        return found
+        key = self._keys.primitive(Shape(kind)).lock_key(name)  # type: ignore[arg-type]
+        if kind == "semaphore":
+            holders = await admin.contenders(f"{key}/leases")  # every lease: any permit count
+        else:
+            holders = [f"{key}/{child}" for child in _rw_holders(_contenders(await admin.children(key)))]
+        deleted = [await admin.delete(path) for path in holders]
+        return any(deleted)
+
+    async def leftovers(self) -> list[str]:
+        """Every contender node (a name ending in a sequence number) anywhere under the prefix."""
+        admin = await self.admin()
+
+        async def walk(path: str) -> list[str]:
+            found = []
+            for child in await admin.children(path):
+                if _sequence(child) is not None:
+                    found.append(f"{path}/{child}")
+                else:
+                    found += await walk(f"{path}/{child}")
+            return found
+
+        return await walk(self.base)
 
     async def close(self) -> None:
         if self._admin is not None:

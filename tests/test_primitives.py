@@ -26,9 +26,9 @@ SHORT = scaled(0.3)
 
 #: The backends that serve each primitive.
 SUPPORT: dict[str, list[str]] = {
-    "fair": ["memory", "redis"],
-    "rw": ["memory", "redis"],
-    "semaphore": ["memory", "redis"],
+    "fair": ["memory", "redis", "zookeeper"],
+    "rw": ["memory", "redis", "zookeeper"],
+    "semaphore": ["memory", "redis", "zookeeper"],
 }
 
 

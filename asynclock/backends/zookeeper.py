@@ -45,7 +45,7 @@ import contextlib
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -81,6 +81,22 @@ _SEQUENCE = re.compile(r"(\d{10})$")
 #: Our contender names: ``_c_<guid>-lock-`` plus the server's sequence number.
 _PROTECTED = "_c_"
 _LOCK_BASE = "-lock-"
+#: Curator's read-write lock: node names ``_c_<guid>-__READ__<seq>`` / ``…-__WRIT__<seq>``.
+_READ = "__READ__"
+_WRITE = "__WRIT__"
+#: Curator's InterProcessSemaphoreV2: ``<path>/locks`` (a mutex) and ``<path>/leases/_c_<guid>-lease-<seq>``.
+_SEM_LOCKS = "locks"
+_SEM_LEASES = "leases"
+_LEASE_BASE = "-lease-"
+#: Directories under the prefix for the read-write locks and the semaphores. A
+#: ``%`` followed by letters that are no hex digits is never made by
+#: :func:`escape_name`, so no lock name can be one of them.
+_RW_DIR = "%rw"
+_SEM_DIR = "%semaphore"
+_RESERVED = (_RW_DIR, _SEM_DIR)
+
+#: Given the contenders (in order) and our node's name: do we hold, and which node to watch.
+Rule = Callable[[list[str], str], tuple[bool, str | None]]
 
 
 class _CreateContainerRequest(protocol.Create2Request):  # type: ignore[misc]
@@ -130,6 +146,28 @@ def _contenders(children: Sequence[str]) -> list[str]:
     return [child for _, child in found]
 
 
+def _first_holds(contenders: list[str], mine: str) -> tuple[bool, str | None]:
+    """A mutex (and a writer): the lowest holds; a waiter watches the node just ahead."""
+    index = contenders.index(mine)
+    return index == 0, None if index == 0 else contenders[index - 1]
+
+
+def _reader_holds(contenders: list[str], mine: str) -> tuple[bool, str | None]:
+    """A reader holds when no writer is ahead of it, and watches the nearest writer ahead."""
+    writers = [child for child in contenders[: contenders.index(mine)] if _WRITE in child]
+    return not writers, writers[-1] if writers else None
+
+
+def _rw_holders(contenders: list[str]) -> list[str]:
+    """Who holds a read-write lock: the first node if a writer, else the readers before the first writer."""
+    holders: list[str] = []
+    for child in contenders:
+        if _WRITE in child:
+            return holders or [child]
+        holders.append(child)
+    return holders
+
+
 @dataclass(eq=False)
 class _Node:
     """One acquisition: its contender node and what we know about it."""
@@ -138,6 +176,8 @@ class _Node:
     hold: str
     dir: str
     guid: str
+    #: what follows the GUID in the node's name (the server appends the sequence)
+    base: str = _LOCK_BASE
     path: str | None = None
     czxid: int | None = None
     session: int = 0
@@ -238,10 +278,11 @@ class ZooKeeperBackend:
         return f"{self._base}/{escape_name(name)}"
 
     def primitive(self, shape: Shape) -> Backend:
-        """Only the plain lock; other shapes raise NotImplementedError."""
+        """The plain lock (itself), the fair lock (the same recipe and path), either
+        side of a read-write lock, or a semaphore; all on this session."""
         if shape == LOCK:
             return self
-        raise unsupported(self.kind, shape)
+        return _ZkPrimitive(self, shape)
 
     def lease_time(self, ttl: float) -> float:
         """The negotiated session timeout less a 10 % (+5 ms) margin, whatever the ttl."""
@@ -256,6 +297,10 @@ class ZooKeeperBackend:
         raise NotImplementedError("ZooKeeper queues waiters: the front calls wait_acquire")
 
     async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        node = _Node(name, hold, self.lock_key(name), str(uuid.uuid4()))
+        return await self._acquire(node, ttl, timeout, _first_holds)
+
+    def _check_ttl(self, ttl: float) -> None:
         if ttl / 3 >= 0.75 * self.lease_time(ttl):
             # the watchdog renews every ttl/3; the session (the lease) would end first
             raise ValueError(
@@ -263,27 +308,42 @@ class ZooKeeperBackend:
                 f"({self._session.timeout}s): the session is the lease; pass a smaller ttl or a longer "
                 "session_timeout"
             )
+
+    async def _acquire(
+        self, node: _Node, ttl: float, timeout: float | None, rule: Rule, mutex: _Node | None = None
+    ) -> Acquired | None:
+        """Queue ``node`` (its hold's node) until ``rule`` says it holds, or give up and delete it.
+
+        With a ``mutex`` (the semaphore's), ``node`` is created only once the
+        mutex is held, and the mutex is let go as soon as ``node`` holds.
+        """
+        self._check_ttl(ttl)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        node = _Node(name, hold, self.lock_key(name), str(uuid.uuid4()))
-        self._nodes[hold] = node
+        once = timeout == 0
+        self._nodes[node.hold] = node
         try:
             try:
                 # the deadline bounds every step, a create or a read included
                 # (timeout=0 still makes its one try: create, read, delete)
-                async with asyncio.timeout_at(None if timeout == 0 else deadline):
-                    result = await self._queue(node, deadline, once=timeout == 0)
+                async with asyncio.timeout_at(None if once else deadline):
+                    if mutex is not None and await self._queue(mutex, deadline, once=once, rule=_first_holds) is None:
+                        result = None
+                    else:
+                        result = await self._queue(node, deadline, once=once, rule=rule, watch_children=bool(mutex))
             except TimeoutError:
-                if deadline is None or timeout == 0 or loop.time() < deadline:
+                if deadline is None or once or loop.time() < deadline:
                     raise
                 if not self._session.connected:
                     raise ZkConnectionLoss(f"no ZooKeeper server reachable within {timeout}s") from None
                 result = None
         except BaseException:
-            await self._abandon(node)
+            await self._abandon(node, mutex)
             raise
         if result is None:
-            await self._abandon(node)
+            await self._abandon(node, mutex)
+        elif mutex is not None:
+            self._spawn(self._cleanup(mutex))  # the next waiter's turn: in the background
         return result
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
@@ -388,36 +448,61 @@ class ZooKeeperBackend:
         """Nothing to do: waiters watch their predecessor node."""
 
     async def info(self, name: str) -> LockInfo:
-        session = self._session
-        path = self.lock_key(name)
-        await session.wait_connected(self._op_timeout())
+        return await self._describe(name, self.lock_key(name))
+
+    async def _children(self, path: str) -> list[str]:
+        """The contenders among the children of ``path``, in order ([] if it does not exist)."""
         try:
-            reply = await session.call(protocol.GetChildrenRequest(path=path, watch=False), path)
-            contenders = _contenders(reply.children)
+            reply = await self._session.call(protocol.GetChildrenRequest(path=path, watch=False), path)
         except ZkError as exc:
             if exc.code != NO_NODE:
                 raise
-            contenders = []
-        while contenders:
-            holder = f"{path}/{contenders[0]}"
+            return []
+        return _contenders(reply.children)
+
+    async def _describe(
+        self,
+        name: str,
+        key: str,
+        nodes: str | None = None,
+        pick: Callable[[list[str]], list[str]] = lambda contenders: contenders[:1],
+        queue: str | None = None,
+    ) -> LockInfo:
+        """What the server says: the contenders under ``nodes`` (default ``key``), of
+        which ``pick`` holds; the waiters are the other contenders, or those under ``queue``."""
+        session = self._session
+        nodes = nodes or key
+        await session.wait_connected(self._op_timeout())
+        contenders = await self._children(nodes)
+        while True:
+            holders = pick(contenders)
+            if not holders:
+                break
+            first = f"{nodes}/{holders[0]}"
             try:
-                stat = await session.call(protocol.ExistsRequest(path=holder, watch=False), holder)
+                stat = await session.call(protocol.ExistsRequest(path=first, watch=False), first)
             except ZkError as exc:
                 if exc.code != NO_NODE:
                     raise
-                contenders.pop(0)  # released meanwhile: the next one holds
+                contenders.remove(holders[0])  # released meanwhile: look again
                 continue
-            ours = next((n for n in self._nodes.values() if n.path == holder and n.held), None)
-            return LockInfo(
-                name=name,
-                key=path,
-                owner=ours.hold if ours is not None else contenders[0],
-                hold_count=ours.count if ours is not None else 1,
-                ttl=session.timeout if ours is not None else None,
-                waiters=len(contenders) - 1,
-                token=int(stat.stat.created_zxid),
-            )
-        return LockInfo(name=name, key=path, owner=None, hold_count=0, ttl=None, waiters=0, token=None)
+            break
+        waiters = len(contenders) - len(holders) if queue is None else len(await self._children(queue))
+        if not holders:
+            return LockInfo(name=name, key=key, owner=None, hold_count=0, ttl=None, waiters=waiters, token=None)
+        ours = {node.path: node for node in self._nodes.values() if node.held and node.path is not None}
+        ids = tuple(ours[f"{nodes}/{h}"].hold if f"{nodes}/{h}" in ours else h for h in holders)
+        mine = ours.get(first)
+        return LockInfo(
+            name=name,
+            key=key,
+            owner=ids[0],
+            hold_count=mine.count if mine is not None else 1,
+            ttl=session.timeout if mine is not None else None,
+            waiters=waiters,
+            token=int(stat.stat.created_zxid),
+            holders=ids,
+        )
 
     async def names(self) -> list[str]:
         """Lock names under this client's prefix that have contenders now."""
@@ -429,7 +514,7 @@ class ZooKeeperBackend:
             if exc.code == NO_NODE:
                 return []
             raise
-        return sorted(unquote(child, errors="strict") for child in reply.children)
+        return sorted(unquote(child, errors="strict") for child in reply.children if child not in _RESERVED)
 
     async def aclose(self) -> None:
         """Close the session (the server deletes our nodes at once), bounded in time."""
@@ -473,84 +558,106 @@ class ZooKeeperBackend:
             limit = min(limit, max(0.0, deadline - loop.time()))
         await self._session.wait_connected(limit)
 
-    async def _queue(self, node: _Node, deadline: float | None, *, once: bool) -> Acquired | None:
-        """Create our node and wait until it is the lowest contender."""
+    async def _queue(
+        self, node: _Node, deadline: float | None, *, once: bool, rule: Rule, watch_children: bool = False
+    ) -> Acquired | None:
+        """Create our node and wait until ``rule`` says it holds.
+
+        A waiter watches the node ``rule`` names; with ``watch_children`` (the
+        semaphore's leases, watched by the one waiter that holds the
+        semaphore's mutex) every read of the children sets a children watch
+        instead, in the same request.
+        """
         session = self._session
         loop = asyncio.get_running_loop()
         while True:
             if self._closed:
                 raise ZkConnectionLoss("the ZooKeeper client is closed")
-            listing: asyncio.Future[Any] | None = None
-            if node.path is None or not self._alive(node):
-                node.path, node.gone = None, False
-                # the children are read in the same write as the create: the
-                # server answers a session's requests in order, so the list
-                # has our node in it (one round trip when the lock is free)
-                listing = await self._create(node, deadline)
-                assert node.path is not None
-            try:
-                if listing is None:
-                    await self._wait_connected(deadline)
-                    listing = session.submit(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
-                reply = await listing
-            except ZkConnectionLoss:
-                continue  # re-read after the reconnect
-            except ZkError as exc:
-                if exc.code != NO_NODE:
-                    raise
-                node.path = None
-                continue
-            contenders = _contenders(reply.children)
-            mine = node.path.rsplit("/", 1)[1]
-            if mine not in contenders:
-                node.path = None  # deleted under us (expired session, administrator): queue again
-                continue
-            for twin in contenders:
-                if node.guid in twin and twin != mine:  # a duplicate create: never ours to keep
-                    self._spawn(self._delete_quietly(f"{node.dir}/{twin}"))
-            index = contenders.index(mine)
-            if index == 0:
-                # the deletion watch on our node is set by the first renewal
-                # (in the same request), so a free lock costs create + delete
-                node.held = True
-                return Acquired(node.czxid, confirmed_at=session.confirmed_at)
-            if once:
-                return None
-            predecessor = f"{node.dir}/{contenders[index - 1]}"
             woken = asyncio.Event()
 
             def wake(what: str, woken: asyncio.Event = woken) -> None:
                 woken.set()
 
+            child_watch = wake if watch_children else None
+            watched: tuple[str, str] | None = ("child", node.dir) if watch_children else None
             try:
-                await session.call(
-                    protocol.GetDataRequest(path=predecessor, watch=True), predecessor, watch=("data", wake)
-                )
-            except ZkConnectionLoss:
-                continue
-            except ZkError as exc:
-                if exc.code != NO_NODE:
-                    raise
-                continue  # gone already: read the children again
-            try:
+                listing: asyncio.Future[Any] | None = None
+                if node.path is None or not self._alive(node):
+                    node.path, node.gone = None, False
+                    # the children are read in the same write as the create: the
+                    # server answers a session's requests in order, so the list
+                    # has our node in it (one round trip when the lock is free)
+                    listing = await self._create(node, deadline, child_watch)
+                    assert node.path is not None
+                try:
+                    if listing is None:
+                        await self._wait_connected(deadline)
+                        listing = self._list(node.dir, child_watch)
+                    reply = await listing
+                except ZkConnectionLoss:
+                    continue  # re-read after the reconnect
+                except ZkError as exc:
+                    if exc.code != NO_NODE:
+                        raise
+                    node.path = None
+                    continue
+                contenders = _contenders(reply.children)
+                mine = node.path.rsplit("/", 1)[1]
+                if mine not in contenders:
+                    node.path = None  # deleted under us (expired session, administrator): queue again
+                    continue
+                for twin in contenders:
+                    if node.guid in twin and twin != mine:  # a duplicate create: never ours to keep
+                        self._spawn(self._delete_quietly(f"{node.dir}/{twin}"))
+                holds, ahead = rule(contenders, mine)
+                if holds:
+                    # the deletion watch on our node is set by the first renewal
+                    # (in the same request), so a free lock costs create + delete
+                    node.held = True
+                    return Acquired(node.czxid, confirmed_at=session.confirmed_at)
+                if once:
+                    return None
+                if ahead is not None and not watch_children:
+                    predecessor = f"{node.dir}/{ahead}"
+                    watched = ("data", predecessor)
+                    try:
+                        await session.call(
+                            protocol.GetDataRequest(path=predecessor, watch=True), predecessor, watch=("data", wake)
+                        )
+                    except ZkConnectionLoss:
+                        continue
+                    except ZkError as exc:
+                        if exc.code != NO_NODE:
+                            raise
+                        continue  # gone already: read the children again
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     return None
-                async with asyncio.timeout(remaining):
-                    await woken.wait()
-            except TimeoutError:
-                return None
+                try:
+                    async with asyncio.timeout(remaining):
+                        await woken.wait()
+                except TimeoutError:
+                    return None
             finally:
-                session.unwatch("data", predecessor, wake)
+                if watched is not None:
+                    session.unwatch(*watched, wake)
 
-    async def _create(self, node: _Node, deadline: float | None) -> asyncio.Future[Any] | None:
+    def _list(self, path: str, watch: WatchCallback | None = None) -> asyncio.Future[Any]:
+        """Send a getChildren of ``path`` now (with a children watch calling ``watch``)."""
+        request = protocol.GetChildrenRequest(path=path, watch=watch is not None)
+        return self._session.submit(request, path, watch=None if watch is None else ("child", watch))
+
+    async def _create(
+        self, node: _Node, deadline: float | None, watch: WatchCallback | None = None
+    ) -> asyncio.Future[Any] | None:
         """Create our contender node, once, even across connection losses.
 
-        Returns the answer to a getChildren sent right behind the create, or
-        None when the node was found after a lost create answer.
+        Returns the answer to a getChildren (with a children watch calling
+        ``watch``) sent right behind the create, or None when the node was
+        found after a lost create answer.
         """
         session = self._session
-        base = f"{node.dir}/{_PROTECTED}{node.guid}{_LOCK_BASE}"
+        base = f"{node.dir}/{_PROTECTED}{node.guid}{node.base}"
         missing_parents = 0
         while True:
             await self._wait_connected(deadline)
@@ -564,7 +671,7 @@ class ZooKeeperBackend:
             future = node.create_future = session.submit(request, base)
             listing: asyncio.Future[Any] | None = None
             with contextlib.suppress(ZkConnectionLoss):  # the create's own answer tells
-                listing = session.submit(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
+                listing = self._list(node.dir, watch)
             try:
                 if listing is not None:
                     # answered after the create (a session's answers come in
@@ -643,16 +750,19 @@ class ZooKeeperBackend:
         with contextlib.suppress(LockError):
             await self._session.call(protocol.DeleteRequest(path=path, version=-1), path)
 
-    async def _abandon(self, node: _Node) -> None:
-        """Leave the queue: delete our node, waiting a bounded time (then it goes on in the background)."""
-        self._forget(node)
-        node.held = False
-        task = self._spawn(self._cleanup(node))
+    async def _abandon(self, *nodes: _Node | None) -> None:
+        """Leave the queue: delete our nodes, waiting a bounded time (then it goes on in the background)."""
+        tasks = []
+        for node in nodes:
+            if node is not None:
+                self._forget(node)
+                node.held = False
+                tasks.append(self._spawn(self._cleanup(node)))
         if not self._session.connected:
             return  # nothing can be deleted now: the clean-up goes on once reconnected
         with contextlib.suppress(TimeoutError, LockError):
             async with asyncio.timeout(self._session.timeout):
-                await asyncio.shield(task)
+                await asyncio.shield(asyncio.gather(*tasks))
 
     async def _cleanup(self, node: _Node) -> None:
         """Delete ``node`` (by path, or by GUID if its create is unsettled); retried until done or moot."""
@@ -749,6 +859,120 @@ class ZooKeeperBackend:
                     lost.append(node.hold)
         if lost and self._hooks is not None:
             self._hooks.lose(lost, "the ZooKeeper session expired")
+
+
+class _ZkPrimitive:
+    """The adapter of a fair lock, a read or write side, or a semaphore, on its backend's session.
+
+    Its holds live in the backend's table (hold ids are unique across
+    shapes), so renewals, session loss and the deletion watches work the same
+    for every shape; this object only knows its layout.
+
+    * ``fair``: the plain lock's recipe and path (it is FIFO already), so a
+      fair lock and a plain lock of one name exclude each other, and
+      Curator's InterProcessMutex on that path takes part.
+    * ``read`` / ``write``: Curator's InterProcessReadWriteLock under
+      ``<prefix>/%rw/<name>``: ``_c_<guid>-__READ__<seq>`` and
+      ``_c_<guid>-__WRIT__<seq>`` nodes in one sequence. A writer holds when
+      its node is the lowest and watches the node just ahead; a reader holds
+      when no writer node is ahead of it and watches the nearest writer ahead.
+      So a waiting writer keeps later readers out. The token is the node's
+      czxid, one counter for both sides.
+    * ``semaphore``: Curator's InterProcessSemaphoreV2 under
+      ``<prefix>/%semaphore/<name>``: take the mutex ``locks`` (the lock
+      recipe), create ``leases/_c_<guid>-lease-<seq>``, and hold once it is
+      one of the first ``permits`` leases, waiting meanwhile on a children
+      watch of ``leases`` (only the mutex holder waits there, so no herd);
+      then let the mutex go. The token is the lease node's czxid.
+    """
+
+    queues_waiters = True
+
+    def __init__(self, backend: ZooKeeperBackend, shape: Shape) -> None:
+        self._backend = backend
+        self._shape = shape
+        self.kind = backend.kind
+        self._hooks: BackendHooks | None = None
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeper {self._shape.kind} adapter>"
+
+    def lock_key(self, name: str) -> str:
+        backend = self._backend
+        kind = self._shape.kind
+        if kind == "fair":
+            return backend.lock_key(name)
+        family = _RW_DIR if kind in ("read", "write") else _SEM_DIR
+        return f"{backend._base}/{family}/{escape_name(name)}"
+
+    def lease_time(self, ttl: float) -> float:
+        return self._backend.lease_time(ttl)
+
+    def primitive(self, shape: Shape) -> Backend:
+        raise unsupported(self.kind, shape, "ask the backend, not one of its adapters")
+
+    async def start(self, hooks: BackendHooks) -> None:
+        """Waiters watch nodes, so the hooks only ever hear of losses (through the backend)."""
+        self._hooks = hooks
+        await self._backend._session.wait_connected(self._backend._connect_timeout)
+
+    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
+        raise NotImplementedError("ZooKeeper queues waiters: the front calls wait_acquire")
+
+    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        backend = self._backend
+        kind = self._shape.kind
+        path = self.lock_key(name)
+        guid = str(uuid.uuid4())
+        if kind == "fair":
+            return await backend._acquire(_Node(name, hold, path, guid), ttl, timeout, _first_holds)
+        if kind == "write":
+            return await backend._acquire(_Node(name, hold, path, guid, base=f"-{_WRITE}"), ttl, timeout, _first_holds)
+        if kind == "read":
+            return await backend._acquire(_Node(name, hold, path, guid, base=f"-{_READ}"), ttl, timeout, _reader_holds)
+        permits = self._shape.permits
+
+        def first_permits(contenders: list[str], mine: str) -> tuple[bool, str | None]:
+            return contenders.index(mine) < permits, None
+
+        lease = _Node(name, hold, f"{path}/{_SEM_LEASES}", guid, base=_LEASE_BASE)
+        mutex = _Node(name, hold, f"{path}/{_SEM_LOCKS}", str(uuid.uuid4()))
+        return await backend._acquire(lease, ttl, timeout, first_permits, mutex)
+
+    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+        return await self._backend.set_count(name, hold, count, ttl)
+
+    async def release(self, name: str, hold: str) -> bool:
+        return await self._backend.release(name, hold)
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        return await self._backend.renew(items)
+
+    async def subscribe(self, name: str) -> None:
+        """Nothing to do: waiters watch nodes."""
+
+    async def unsubscribe(self, name: str) -> None:
+        """Nothing to do: waiters watch nodes."""
+
+    async def info(self, name: str) -> LockInfo:
+        backend = self._backend
+        kind = self._shape.kind
+        key = self.lock_key(name)
+        if kind == "fair":
+            return await backend._describe(name, key)
+        if kind in ("read", "write"):
+            return await backend._describe(name, key, pick=_rw_holders)
+        permits = self._shape.permits
+        return await backend._describe(
+            name,
+            key,
+            nodes=f"{key}/{_SEM_LEASES}",
+            pick=lambda contenders: contenders[:permits],
+            queue=f"{key}/{_SEM_LOCKS}",
+        )
+
+    async def aclose(self) -> None:
+        """Nothing of its own: the backend closes the session."""
 
 
 def _seconds(value: object, what: str) -> float:
