@@ -485,3 +485,24 @@ async def test_fair_lock_and_semaphore_through_sentinel(sentinels: SentinelSetup
         await waiting.release()
         async with a.semaphore("p", permits=2), b.semaphore("p", permits=2):
             assert len((await a.semaphore("p", permits=2).info()).holders) == 2
+
+
+async def test_closing_the_client_ends_its_queued_acquires(fresh: RedisHarness) -> None:
+    holder, waiter = fresh.connect(ttl=LONG), fresh.connect(ttl=LONG)
+    lock = holder.lock("closing", fair=True)
+    await lock.acquire()
+    task = asyncio.create_task(waiter.lock("closing", fair=True).acquire())
+    await waiters(lock, 1)
+    await waiter.aclose()
+    with pytest.raises(asynclock.BackendUnavailable):
+        async with asyncio.timeout(scaled(10)):
+            await task
+    assert (await lock.info()).waiters == 0, "the closed client's entry left the queue"
+    await lock.release()
+
+
+async def test_primitives_refused_with_replicas(redis_server: RedisServer) -> None:
+    locks = asynclock.connect(redis_server.url + "?replicas=1")
+    with pytest.raises(NotImplementedError, match="replicas"):
+        locks.semaphore("x", permits=2)
+    await locks.aclose()

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from .._errors import BackendUnavailable
 from .._values import LockInfo
 from ..abc import Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
-from .redis import FENCE_LIFETIME_MS, _call, _ms, _text
+from .redis import FENCE_LIFETIME_MS, _call, _is_readonly, _ms, _text
 
 if TYPE_CHECKING:
     from .redis import RedisBackend
@@ -339,6 +339,8 @@ class RedisQueued:
         self._renew = client.register_script(RENEW_MANY)
         self._info = client.register_script(INFO)
         self._hooks: BackendHooks | None = None
+        self._tickets: set[_Ticket] = set()  # of this adapter's acquires in progress
+        self._closed = False
 
     # -- keys -----------------------------------------------------------------
 
@@ -397,6 +399,7 @@ class RedisQueued:
         if queue:
             await handovers.ready(self._backend)
         ticket = handovers.expect(hold)
+        self._tickets.add(ticket)
         try:
             # The first request: retried (same hold id, the script is idempotent)
             # for a request window when it does not reach the server.
@@ -408,7 +411,10 @@ class RedisQueued:
                     token, hint = await self._enter(name, hold, ttl, queue, handovers)
                     break
                 except BackendUnavailable:
-                    if loop.time() + delay >= max(started + window, deadline or 0.0):
+                    # Like the plain lock: a caller that waits for ever gives up
+                    # on a server that stays away for a ttl.
+                    limit = started + ttl if deadline is None else max(started + window, deadline)
+                    if self._closed or loop.time() + delay >= limit:
                         raise
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX)
@@ -427,6 +433,8 @@ class RedisQueued:
             while True:
                 if ticket.token is not None:
                     return Acquired(ticket.token, confirmed_at=queued_at)
+                if self._closed:
+                    raise BackendUnavailable("the Locks client was closed while this acquire was queued")
                 now = loop.time()
                 if deadline is not None and now >= deadline:
                     return await self._leave(name, hold, queued_at)
@@ -469,6 +477,7 @@ class RedisQueued:
             raise
         finally:
             handovers.forget(hold)
+            self._tickets.discard(ticket)
 
     async def _leave(self, name: str, hold: str, queued_at: float) -> Acquired | None:
         """Time is up: leave the queue, unless the lock was handed over meanwhile."""
@@ -501,7 +510,9 @@ class RedisQueued:
             try:
                 answer = await _call(self._renew(keys=keys, args=args))
             except BackendUnavailable as exc:
-                results += [exc] * len(chunk)
+                cause = exc.__cause__
+                # A demoted primary: whatever it holds is not the lock any more.
+                results += [False if cause is not None and _is_readonly(cause) else exc] * len(chunk)
                 continue
             results += [bool(flag) for flag in answer]
         return results
@@ -528,4 +539,7 @@ class RedisQueued:
         return LockInfo(name, key, hold, count, left, int(waiting), token, tuple(h[0] for h in holders))
 
     async def aclose(self) -> None:
-        """Nothing of its own to close: the hand-over channel belongs to the backend."""
+        """Wake this adapter's queued acquires so they give up (the channel belongs to the backend)."""
+        self._closed = True
+        for ticket in self._tickets:
+            ticket.event.set()

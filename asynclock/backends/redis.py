@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._errors import BackendUnavailable, LockError
 from .._values import LockInfo
-from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
+from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 from . import _redis_scripts as scripts
 
 if TYPE_CHECKING:
@@ -172,6 +172,12 @@ class RedisBackend:
         """The plain lock is the backend; the fair lock, read-write lock and semaphore are adapters."""
         if shape == LOCK:
             return self
+        if self.replicas:
+            raise unsupported(
+                self.kind,
+                shape,
+                "not with replicas= (a hand-over is not confirmed by the replicas): connect without it",
+            )
         from ._redis_primitives import RedisQueued
 
         return RedisQueued(self, shape)
