@@ -91,7 +91,15 @@ class LockModel(RuleBasedStateMachine):
         return self.run(send())
 
     def lock(self, actor: int) -> asynclock.Lock:
-        return self.clients[self.client_of[actor]].lock(NAME)
+        return self.handle(self.clients[self.client_of[actor]])
+
+    async def expire_on_server(self) -> bool:
+        """Take the hold away on the server, as an expiry would."""
+        return await self.harness.expire(NAME)
+
+    def handle(self, client: asynclock.Locks) -> asynclock.Lock:
+        """The lock under test, on ``client`` (the fair lock's model makes a fair one)."""
+        return client.lock(NAME)
 
     @rule(actor=st.integers(0, ACTORS - 1))
     def acquire(self, actor: int) -> None:
@@ -137,7 +145,7 @@ class LockModel(RuleBasedStateMachine):
         if self.holder is None:
             return
         lease = self.leases.pop(self.holder)
-        assert self.run(self.harness.expire(NAME))
+        assert self.run(self.expire_on_server())
         self.run(lease.wait_lost())
         self.holder, self.count = None, 0
 
@@ -151,7 +159,7 @@ class LockModel(RuleBasedStateMachine):
         self.run(_crash(self.clients[index]))
         # The server frees the lock once the lease runs out (ZooKeeper and
         # PostgreSQL at once: the session or connection is gone); fast-forward that.
-        self.run(self.harness.expire(NAME))
+        self.run(self.expire_on_server())
         self.clients[index] = self.connect()
         for actor, client in enumerate(self.client_of):
             if client == index:
@@ -170,11 +178,11 @@ class LockModel(RuleBasedStateMachine):
     def server_matches_model(self) -> None:
         if self.holder is None:
             for client in self.clients:
-                assert self.run(client.lock(NAME).info()).owner is None
+                assert self.run(self.handle(client).info()).owner is None
         else:
             # asked through the holder's client, which can tell its own hold apart
             client = self.clients[self.client_of[self.holder]]
-            info = self.run(client.lock(NAME).info())
+            info = self.run(self.handle(client).info())
             assert info.owner is not None and info.owner.startswith(client.client_id)
             if self.harness.server_counts:
                 assert info.hold_count == self.count

@@ -248,3 +248,26 @@ def test_model_of_rw_lock_and_semaphore(backend: str, request: pytest.FixtureReq
             return make_harness(request, backend)
 
     run_state_machine_as_test(Model, settings=MODEL_SETTINGS)
+
+
+@pytest.mark.parametrize("backend", SUPPORT["fair"])
+def test_model_of_the_fair_lock(backend: str, request: pytest.FixtureRequest) -> None:
+    """The one-lock model of ``test_model.py`` (expiry, crashed clients, dropped
+    connections included), on the fair lock."""
+    from tests.test_model import MODEL_SETTINGS as LOCK_SETTINGS
+    from tests.test_model import NAME, LockModel
+
+    if backend != "memory":
+        request.getfixturevalue({"redis": "redis_server"}.get(backend, f"{backend}_server"))
+
+    class FairModel(LockModel):
+        def make_harness(self) -> Harness:
+            return make_harness(request, backend)
+
+        async def expire_on_server(self) -> bool:
+            return await self.harness.expire_shape("fair", NAME)
+
+        def handle(self, client: asynclock.Locks) -> asynclock.Lock:
+            return client.lock(NAME, fair=True)
+
+    run_state_machine_as_test(FairModel, settings=LOCK_SETTINGS)
