@@ -107,6 +107,8 @@ class Worker:
         self.who = f"{os.getpid()}"
         self.sid = 0
         self.stop = asyncio.Event()
+        #: tries, answers and wake-ups of this client (Redis only; for the report of a stuck acquire)
+        self.counts: dict[str, int] = {}
 
     async def run(self) -> None:
         config = self.config
@@ -116,6 +118,7 @@ class Worker:
             async with locks:
                 lock = locks.lock(config.name)
                 await lock.info()  # connected
+                self.counts = _count_wakeups(locks)
                 self.journal.write(ev="ready", pid=os.getpid(), client=locks.client_id, t=time.monotonic())
                 await self._wait_for_go()
                 ops = 0
@@ -150,6 +153,7 @@ class Worker:
         config = self.config
         phase = ["acquire"]
         asked = time.monotonic()
+        before = dict(self.counts)
         task = asyncio.create_task(self._section(lock, store, phase))
         if config.cancel_rate and self.rng.random() < config.cancel_rate:
             await asyncio.wait([task], timeout=self.rng.uniform(0, 2 * config.hold[1] + 0.01))
@@ -169,12 +173,14 @@ class Worker:
             return
         # stuck: say where every task of this process is, then give up on it
         stacks, stuck_in, given_up = _stacks(), phase[0], time.monotonic()  # (before the body can move on)
+        meanwhile = {key: value - before.get(key, 0) for key, value in self.counts.items()}
         try:
             seen = repr(await asyncio.wait_for(lock.info(), config.ttl))
             seen += await _listening(locks, config.name)
         except Exception as exc:  # noqa: BLE001 - only for the report
             seen = f"info failed: {exc!r}"
         what = f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}; phase {stuck_in}"
+        what += f"; meanwhile this client counted {meanwhile}"
         if stuck_in != "release" and not locks.backend.queues_waiters:
             # The plain lock is not fair: a waiter may lose every race for it.
             # The checker decides (from the others' sections meanwhile) whether
@@ -274,6 +280,43 @@ def _stacks() -> str:
     return "\n".join(lines)
 
 
+def _count_wakeups(locks: asynclock.Locks) -> dict[str, int]:
+    """On Redis, count this client's tries, Busy answers, release messages and wake-alls
+    (by wrapping the backend's methods: diagnostics only, nothing else changes)."""
+    from asynclock.abc import Busy
+    from asynclock.backends.redis import RedisBackend
+
+    counts = {"tries": 0, "busy": 0, "release messages": 0, "wake-alls": 0}
+    backend = locks.backend
+    listener = getattr(backend, "_listener", None)
+    if not isinstance(backend, RedisBackend) or listener is None:
+        return {}
+    try_acquire = backend.try_acquire
+    hooks = listener._hooks
+
+    async def counted_try(name: str, hold: str, ttl: float) -> Any:
+        counts["tries"] += 1
+        answer = await try_acquire(name, hold, ttl)
+        counts["busy"] += isinstance(answer, Busy)
+        return answer
+
+    class CountedHooks:
+        def wake_one(self, name: str) -> None:
+            counts["release messages"] += 1
+            hooks.wake_one(name)
+
+        def wake_all(self) -> None:
+            counts["wake-alls"] += 1
+            hooks.wake_all()
+
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(hooks, attr)
+
+    backend.try_acquire = counted_try  # type: ignore[method-assign]
+    listener._hooks = CountedHooks()
+    return counts
+
+
 async def _listening(locks: asynclock.Locks, name: str) -> str:
     """For a report on Redis: who listens for releases of ``name``, and how this client's listener fared."""
     from asynclock.backends.redis import RedisBackend
@@ -285,7 +328,15 @@ async def _listening(locks: asynclock.Locks, name: str) -> str:
     numsub = await backend.client.pubsub_numsub(channel)
     listener = backend._listener
     reconnects = listener.reconnects if listener is not None else None
-    return f"; subscribers of {channel}: {numsub}; this client's listener reconnected {reconnects} times"
+    seen = ""
+    conn = listener._conn if listener is not None else None
+    writer = getattr(conn, "_writer", None)
+    if writer is not None:  # this listener's connection as the server sees it
+        host, port = writer.get_extra_info("sockname")[:2]
+        for client in await backend.client.client_list():
+            if client.get("addr") == f"{host}:{port}":
+                seen = f" (server side: sub={client.get('sub')} cmd={client.get('cmd')} age={client.get('age')})"
+    return f"; subscribers of {channel}: {numsub}; this client's listener reconnected {reconnects} times{seen}"
 
 
 def main(argv: list[str]) -> None:
