@@ -108,6 +108,37 @@ def test_url_parsing() -> None:
         asynclock.connect("redis+sentinel://127.0.0.1/mymaster")
 
 
+def test_url_takes_the_replicas_option() -> None:
+    locks = asynclock.connect("redis+sentinel://127.0.0.1:1/mymaster?replicas=1&replica_timeout=0.25")
+    backend = sentinel_backend(locks)
+    assert backend.replicas == 1
+    assert "replicas" not in backend.client.connection_pool.connection_kwargs
+    with pytest.raises(ValueError, match="replica"):
+        asynclock.connect("redis+sentinel://127.0.0.1:1/mymaster?replicas=-1")
+    with pytest.raises(ValueError, match="replica"):
+        asynclock.connect("redis+sentinel://127.0.0.1:1/mymaster?replicas=many")
+
+
+async def test_with_replicas_an_acquire_survives_a_failover_right_after_it(setup: SentinelSetup) -> None:
+    """``?replicas=1``: the acquire returns only once the replica has the key, so
+    killing the primary the moment it returns cannot hand the lock to a second
+    holder on the promoted replica. (With no replica left behind it, the new
+    primary cannot confirm renewals, so the lease ends at its deadline.)"""
+    ttl = scaled(6)
+    url = f"{setup.url}?replicas=1"
+    async with (
+        asynclock.connect(url, ttl=ttl, prefix="synced") as holder,
+        asynclock.connect(setup.url, ttl=ttl, prefix="synced") as other,
+    ):
+        await holder.lock("kept").acquire()
+        new_port = await fail_over(setup)  # no wait for replication: WAIT did that
+        assert new_port == setup.replica.port
+        info = await other.lock("kept").info()
+        assert info.owner is not None and info.owner.startswith(holder.client_id)
+        with pytest.raises(LockTimeout):
+            await other.lock("kept").acquire(timeout=0)
+
+
 async def test_after_a_failover_the_client_follows_the_new_primary(setup: SentinelSetup) -> None:
     ttl = scaled(6)
     prefix = "follow"

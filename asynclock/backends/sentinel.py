@@ -34,7 +34,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Sentinel backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from .redis import RedisBackend
+from .redis import RedisBackend, _check_replicas
 
 __all__ = ["SentinelBackend"]
 
@@ -72,9 +72,18 @@ class SentinelBackend(RedisBackend):
     kind = "redis+sentinel"
 
     def __init__(
-        self, sentinel: Sentinel, client: aioredis.Redis, *, prefix: str = "asynclock", owns_client: bool = False
+        self,
+        sentinel: Sentinel,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "asynclock",
+        owns_client: bool = False,
+        replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> None:
-        super().__init__(client, prefix=prefix, owns_client=owns_client)
+        super().__init__(
+            client, prefix=prefix, owns_client=owns_client, replicas=replicas, replica_timeout=replica_timeout
+        )
         self._sentinel = sentinel
 
     @classmethod
@@ -83,7 +92,10 @@ class SentinelBackend(RedisBackend):
 
         The password is the data nodes'; ``sentinel_password`` (query or
         option) is the sentinels'. Other query parameters and ``options`` go
-        to the data connections (``socket_timeout``, ``db``, …).
+        to the data connections (``socket_timeout``, ``db``, …), except
+        ``replicas`` and ``replica_timeout``, which work as on ``redis://``
+        (each acquire and renewal confirmed by that many replicas, so that a
+        failover to one of them keeps the lock).
         """
         parts = urlsplit(url)
         userinfo, _, hosts = parts.netloc.rpartition("@")
@@ -110,6 +122,14 @@ class SentinelBackend(RedisBackend):
             if password:
                 kwargs["password"] = unquote(password)
         kwargs.update(options)
+        replicas: Any = kwargs.pop("replicas", 0)
+        replica_timeout: Any = kwargs.pop("replica_timeout", 0.5)
+        try:  # URL query values are text
+            replicas = int(replicas) if isinstance(replicas, str) else replicas
+            replica_timeout = float(replica_timeout) if isinstance(replica_timeout, str) else replica_timeout
+        except ValueError as exc:
+            raise ValueError(f"bad replicas/replica_timeout option in the URL: {exc}") from None
+        _check_replicas(replicas, replica_timeout)  # before any connection exists
         sentinel_kwargs: dict[str, Any] = {
             key: value for key, value in kwargs.items() if key in ("socket_timeout", "socket_connect_timeout")
         }
@@ -118,7 +138,9 @@ class SentinelBackend(RedisBackend):
             sentinel_kwargs["password"] = sentinel_password
         sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
         client = sentinel.master_for(service, connection_class=_FollowingConnection, **kwargs)
-        return cls(sentinel, client, prefix=prefix, owns_client=True)
+        return cls(
+            sentinel, client, prefix=prefix, owns_client=True, replicas=replicas, replica_timeout=replica_timeout
+        )
 
     @property
     def sentinel(self) -> Sentinel:
