@@ -3,18 +3,24 @@
 A hold is a *session-level advisory lock* on a connection kept for the whole
 lease, one connection per hold:
 
-* Waiting is the server's own lock queue (``pg_advisory_lock`` bounded by
-  ``lock_timeout``), so nobody polls; ``timeout=0`` is one
-  ``pg_try_advisory_lock``. A waiter the caller cancels is cancelled on the
-  server too (asyncpg sends a CancelRequest and waits for it to be
-  acknowledged); whatever the cancelled statement got is unlocked before the
-  connection goes back to the pool, and a connection that cannot be brought
-  back to a known state in time is closed (its session, and so its locks, end
-  with it). Waiting sessions run with ``client_connection_check_interval``
-  (PostgreSQL 14+), so the waiter of a client that crashed or closed its
-  connection leaves the queue instead of waiting on as a ghost. A wait with
-  no timeout probes the server every ttl on another connection, so a server
-  that went silent ends it with ``BackendUnavailable``.
+* An acquire first *tries* (``pg_try_advisory_lock``), taking the lock, the
+  fencing token and the hold's session settings in one statement, one round
+  trip. Only when that fails does it wait, in the server's own lock queue
+  (``pg_advisory_lock`` bounded by ``lock_timeout``), so nobody polls;
+  ``timeout=0`` is the try alone. The try cannot jump that queue: the server
+  hands a released lock to the head waiter inside the release itself, and a
+  request that conflicts with a queued one is refused. A waiter the caller
+  cancels is cancelled on the server too (asyncpg sends a CancelRequest and
+  waits for it to be acknowledged); whatever the cancelled statement got is
+  unlocked before the connection goes back to the pool, and a connection that
+  cannot be brought back to a known state in time is closed (its session, and
+  so its locks, end with it). Connections run with
+  ``client_connection_check_interval`` (PostgreSQL 14+; set once per
+  connection of asynclock's own pool, per wait on a given pool), so the
+  waiter of a client that crashed or closed its connection leaves the queue
+  instead of waiting on as a ghost. A wait with no timeout probes the server
+  every ttl on another connection, so a server that went silent ends it with
+  ``BackendUnavailable``.
 * The lease is the connection. Each lease connection runs with
   ``idle_session_timeout`` = ttl (PostgreSQL 14+), so a holder that hangs or is
   cut off loses its session, and its locks, a ttl after its last ping; the
@@ -35,6 +41,26 @@ lease, one connection per hold:
   second, independent digest of the name carried in the holder's
   ``application_name``.
 * Re-entry is counted in the client; the server holds the lock once per hold.
+
+More primitives, on the same connections and the same lock manager:
+
+* The fair lock is the plain lock itself (same key, same token counter):
+  PostgreSQL grants advisory locks in queue order already.
+* A read-write lock takes its own key (a digest of its own): readers
+  ``pg_advisory_lock_shared``, the writer ``pg_advisory_lock``. The server
+  queues a new shared request behind a waiting exclusive one, so writers are
+  not starved. Reads and writes share one token counter.
+* A semaphore of N permits is N advisory keys, slot 0 to N-1, plus a gate
+  key. A hold owns one slot on its own connection, so a holder whose session
+  ends (crash, ``pg_terminate_backend``, idle timeout) frees its permit at
+  once. An acquire tries the slots in one statement while nobody waits (it
+  takes the gate shared for that instant). Waiters queue on the gate
+  (exclusive, the server's FIFO queue); the head of the queue holds the gate,
+  LISTENs on the semaphore's channel, and tries the slots again when a
+  release NOTIFYs it, or after at most min(ttl/3, 1 s) when no message came
+  (a holder that died sends none). Only the head ever retries, so a release
+  wakes one waiter per semaphore, and every permit has its own token from the
+  semaphore's counter.
 
 Connections: with a URL asynclock opens its own pool, ``max_leases`` (default
 50) connections for holds and waiters plus one for ``info`` and probes, so
@@ -60,6 +86,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import logging
@@ -79,7 +106,7 @@ from .._errors import BackendUnavailable, LockError
 from .._values import LockInfo
 from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 
-__all__ = ["PostgresBackend", "advisory_key", "name_check"]
+__all__ = ["PostgresBackend", "advisory_key", "gate_key", "name_check", "rw_key", "slot_key"]
 
 logger = logging.getLogger("asynclock")
 
@@ -95,6 +122,17 @@ APP_TAG = "asynclock"
 APP_NAME_MAX = 63
 #: A statement timeout for asyncpg that never fires first (our own bounds apply).
 _NO_COMMAND_TIMEOUT = 1e9
+#: client_connection_check_interval of asynclock's connections, in ms: how soon
+#: a waiter whose client is gone leaves the server's queue.
+CHECK_INTERVAL_MS = 1000
+#: How long a released lease connection of asynclock's own pool stays with the
+#: backend for the next acquire before it goes back to the pool, in seconds,
+#: and how many may.
+PARK_TIME = 0.5
+PARK_MAX = 4
+#: Longest pause between two tries of a semaphore's head waiter that heard no
+#: release (a holder that died sends none), in seconds.
+RECHECK_MAX = 1.0
 
 Key = tuple[int, int]
 
@@ -107,14 +145,53 @@ _CLIENT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 
+#: Fence rows of the read-write lock and the semaphore start with a byte that
+#: no UTF-8 text starts with, so they never meet a plain lock's row.
+_RW_ROW = b"\xffrw\0"
+_SEM_ROW = b"\xffsem\0"
 
-def advisory_key(prefix: str, name: str) -> Key:
-    """The two-int advisory lock key of ``name`` under ``prefix`` (stable across versions)."""
-    digest = hashlib.blake2b(f"{prefix}\0{name}".encode(), digest_size=8, person=b"asynclock-key").digest()
-    high, low = struct.unpack(">ii", digest)
+
+def _digest_key(person: bytes, data: bytes) -> Key:
+    high, low = struct.unpack(">ii", hashlib.blake2b(data, digest_size=8, person=person).digest())
     return high, low
 
 
+@functools.lru_cache(maxsize=4096)
+def advisory_key(prefix: str, name: str) -> Key:
+    """The two-int advisory lock key of ``name`` under ``prefix`` (stable across versions)."""
+    return _digest_key(b"asynclock-key", f"{prefix}\0{name}".encode())
+
+
+@functools.lru_cache(maxsize=1024)
+def rw_key(prefix: str, name: str) -> Key:
+    """The advisory key of the read-write lock ``name`` (unrelated to the plain lock's)."""
+    return _digest_key(b"asynclock-rw", f"{prefix}\0{name}".encode())
+
+
+@functools.lru_cache(maxsize=1024)
+def gate_key(prefix: str, name: str) -> Key:
+    """The advisory key the waiters of the semaphore ``name`` queue on."""
+    return _digest_key(b"asynclock-gate", f"{prefix}\0{name}".encode())
+
+
+def slot_key(prefix: str, name: str, slot: int) -> Key:
+    """The advisory key of permit ``slot`` (0 to permits-1) of the semaphore ``name``."""
+    return _digest_key(b"asynclock-slot", f"{prefix}\0{name}".encode() + struct.pack(">I", slot))
+
+
+@functools.lru_cache(maxsize=256)
+def _slot_arrays(prefix: str, name: str, permits: int) -> tuple[list[int], list[int]]:
+    keys = [slot_key(prefix, name, slot) for slot in range(permits)]
+    return [k[0] for k in keys], [k[1] for k in keys]
+
+
+def _channel(prefix: str, name: str) -> str:
+    """The LISTEN/NOTIFY channel of the semaphore ``name`` (hex digits only: safe to inline)."""
+    digest = hashlib.blake2b(f"{prefix}\0{name}".encode(), digest_size=8, person=b"asynclock-chan").hexdigest()
+    return f"asynclock_{digest}"
+
+
+@functools.lru_cache(maxsize=4096)
 def name_check(prefix: str, name: str) -> str:
     """8 hex digits from a digest independent of the key: tells colliding names apart."""
     return hashlib.blake2b(f"{prefix}\0{name}".encode(), digest_size=4, person=b"asynclock-chk").hexdigest()
@@ -193,17 +270,30 @@ def _quiet(task: asyncio.Task[Any]) -> None:
 
 @dataclass(eq=False)
 class _Hold:
-    """One held advisory lock and the connection (session) that holds it."""
+    """One held advisory lock (or permit) and the connection (session) that holds it."""
 
     name: str
-    key: Key
+    shape: Shape
     conn: Any  # an asyncpg pool connection
     ttl: float
+    cleanup: str  # gives the connection back in a known state (locks and settings undone)
+    cleanup_args: tuple[Any, ...] = ()
+    hooks: BackendHooks | None = field(default=None, repr=False)
     count: int = 1
     lost: bool = False
     released: bool = False
     ping: asyncio.Task[Any] | None = None
     on_close: Callable[[Any], None] | None = field(default=None, repr=False)
+
+
+@dataclass
+class _Attempt:
+    """What one acquire did to its connection, so that giving it back undoes exactly that."""
+
+    dirty: bool = False  # a lock statement was sent: something may be locked or set
+    before: tuple[str, str | None] | None = None  # the settings the grant replaced
+    reset_check: bool = False  # client_connection_check_interval was set for this wait
+    channel: str | None = None  # LISTENing on it (a semaphore's waiter); releases NOTIFY it
 
 
 class PostgresBackend:
@@ -247,8 +337,16 @@ class PostgresBackend:
         self._background: set[asyncio.Task[Any]] = set()
         self._starting: asyncio.Task[None] | None = None
         self._pg14 = True  # PostgreSQL 14+: idle_session_timeout, client_connection_check_interval
-        self._sql_try = ""
-        self._sql_wait = ""
+        # Whether every connection of the pool already runs with
+        # client_connection_check_interval (asynclock's own pool sets it once
+        # per connection; a given pool's connections get it per wait).
+        self._checked = False
+        self._sql: dict[str, str] = {}
+        # Lease connections this backend gave back to the pool clean and has
+        # not taken again: while there are some, a checkout needs no connect.
+        self._warm = 0
+        # Clean lease connections kept for the next acquire (own pool only).
+        self._parked: list[tuple[Any, asyncio.TimerHandle]] = []
 
     @classmethod
     def from_url(
@@ -297,13 +395,32 @@ class PostgresBackend:
         return f"pg_advisory({high},{low})"
 
     def primitive(self, shape: Shape) -> Backend:
-        """Only the plain lock; other shapes raise NotImplementedError."""
+        """Every shape: the fair lock (the plain lock itself), read-write lock, semaphore."""
         if shape == LOCK:
             return self
-        raise unsupported(self.kind, shape)
+        if shape.kind != "lock":  # not wired in yet
+            raise unsupported(self.kind, shape)
+        return _PostgresShape(self, shape)
 
     def _app_name(self, name: str, hold: str) -> str:
         return f"{APP_TAG} {name_check(self._prefix, name)} {hold}"[:APP_NAME_MAX]
+
+    def _main_key(self, shape: Shape, name: str) -> Key:
+        """The key a hold of ``shape`` locks (a semaphore: the gate its waiters queue on)."""
+        if shape.kind in ("read", "write"):
+            return rw_key(self._prefix, name)
+        if shape.kind == "semaphore":
+            return gate_key(self._prefix, name)
+        return self._key_of(name)
+
+    @staticmethod
+    def _row(shape: Shape, name: str) -> bytes:
+        """The fence table row (token counter) of ``name``'s ``shape``."""
+        if shape.kind in ("read", "write"):
+            return _RW_ROW + name.encode()
+        if shape.kind == "semaphore":
+            return _SEM_ROW + name.encode()
+        return name.encode()
 
     # -- protocol ---------------------------------------------------------------
 
@@ -315,6 +432,9 @@ class PostgresBackend:
 
     async def start(self, hooks: BackendHooks) -> None:
         self._hooks = hooks
+        await self._ready()
+
+    async def _ready(self) -> None:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._max_leases)
         # The set-up runs in its own task: a caller cancelled meanwhile (the
@@ -333,12 +453,14 @@ class PostgresBackend:
                 # Lease connections undo their own settings and lock when they
                 # are given back; the pool's RESET ALL round trip is not needed.
                 options.setdefault("reset", _no_reset)
+            options["init"] = _with_check_interval(options.get("init"))
             async with _edge(), asyncio.timeout(ADMIN_TIMEOUT):
                 self._pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=self._max_leases + 1, **options)
         async with _edge(), self._borrow(ADMIN_TIMEOUT) as conn:
             version = int(await conn.fetchval("SELECT current_setting('server_version_num')"))
             self._pg14 = version >= 140000
             await self._create_table(conn)
+        self._checked = self._owns_pool and self._pg14
         self._prepare_sql()
 
     async def _create_table(self, conn: Any) -> None:
@@ -359,146 +481,270 @@ class PostgresBackend:
 
     def _prepare_sql(self) -> None:
         table = _table_sql(self._table)
-        # PostgreSQL 14+: a hung holder's session ends a ttl after its last statement.
-        idle = "set_config('idle_session_timeout', $5, false)" if self._pg14 else "$5::text"
-        # $1, $2 key; $3 name (UTF-8 bytes: a name may hold NUL, which text cannot);
-        # $4 application_name; $5 idle_session_timeout (ms);
-        # $6 lock_timeout (ms, '0' = no limit; local to this statement's transaction).
-        # Returns (ok, token). The lock is taken first; the session settings
-        # and the token only when it was granted, all in one round trip.
-        template = f"""
-            WITH got AS MATERIALIZED (
-                SELECT set_config('lock_timeout', $6, true) AS lt, {{lock}} AS ok
-            ), cfg AS MATERIALIZED (
-                SELECT set_config('application_name', $4, false) AS app, {idle} AS idle FROM got WHERE ok
-            ), fence AS (
+
+        def idle(param: int) -> str:
+            # PostgreSQL 14+: a hung holder's session ends a ttl after its last statement.
+            return f"set_config('idle_session_timeout', ${param}, false)" if self._pg14 else f"${param}::text"
+
+        # The session's own values, read before the hold changes them, so that
+        # the release can put them back in the statement that unlocks.
+        before = "current_setting('application_name') AS app0, " + (
+            "current_setting('idle_session_timeout') AS idle0" if self._pg14 else "NULL::text AS idle0"
+        )
+        restore = "(SELECT app0 FROM cfg) AS app0, (SELECT idle0 FROM cfg) AS idle0"
+
+        def fence(row: int, source: str, granted: str) -> str:
+            return f"""fence AS (
                 INSERT INTO {table} AS f (name, k1, k2, value)
-                SELECT $3::bytea, $1, $2, 1 FROM got WHERE ok
+                SELECT ${row}::bytea, $1, $2, 1 FROM {source} WHERE {granted}
                 ON CONFLICT (name) DO UPDATE SET value = f.value + 1, k1 = EXCLUDED.k1, k2 = EXCLUDED.k2
                 RETURNING f.value
-            )
-            SELECT (SELECT ok FROM got) AS ok, (SELECT value FROM fence) AS token, (SELECT count(*) FROM cfg) AS cfg
-        """
-        self._sql_try = template.replace("{lock}", "pg_try_advisory_lock($1::int4, $2::int4)")
-        self._sql_wait = template.replace("{lock}", "pg_advisory_lock($1::int4, $2::int4) IS NOT NULL")
+            )"""
 
-    def _cleanup_sql(self, key: Key) -> str:
-        """Undo a lease connection's lock and settings (simple protocol: one round trip)."""
-        idle = " RESET idle_session_timeout; RESET client_connection_check_interval;" if self._pg14 else ""
-        return f"SELECT pg_advisory_unlock({int(key[0])}, {int(key[1])}); RESET application_name;{idle}"
+        # Locks. $1, $2 key; $3 fence row (bytea: a name may hold NUL, which
+        # text cannot); $4 application_name; $5 idle_session_timeout (ms);
+        # waits: $6 lock_timeout (ms, '0' = no limit; local to the statement's
+        # transaction). Returns (ok, token). The lock is taken first; the
+        # session settings and the token only when it was granted, all in one
+        # round trip.
+        lock_template = f"""
+            WITH got AS MATERIALIZED (
+                SELECT {{lead}} {{lock}} AS ok
+            ), cfg AS MATERIALIZED (
+                SELECT {before}, set_config('application_name', $4, false) AS app, {idle(5)} AS idle
+                FROM got WHERE ok
+            ), {fence(3, "got", "ok")}
+            SELECT (SELECT ok FROM got) AS ok, (SELECT value FROM fence) AS token, {restore}
+        """
+        # (A select list is evaluated in order: lock_timeout is set before the wait starts.)
+        lead = "set_config('lock_timeout', $6, true) AS lt,"
+        for side, suffix in (("x", ""), ("s", "_shared")):
+            try_lock = f"pg_try_advisory_lock{suffix}($1::int4, $2::int4)"
+            wait_lock = f"pg_advisory_lock{suffix}($1::int4, $2::int4) IS NOT NULL"
+            self._sql[f"try_{side}"] = lock_template.replace("{lead}", "").replace("{lock}", try_lock)
+            self._sql[f"wait_{side}"] = lock_template.replace("{lead}", lead).replace("{lock}", wait_lock)
+
+        # Semaphore slots. $1, $2 the gate key; $3, $4 the slot keys (int4[]
+        # each); $5 fence row; $6 application_name; $7 idle_session_timeout.
+        # Returns (slot, token): the first free slot, locked, or NULL. A
+        # newcomer takes the gate shared for the statement's length, so it
+        # fails while anybody waits (they hold or queue for it exclusively);
+        # the head waiter holds the gate and lets it go with the slot it got.
+        sem_template = f"""
+            WITH gate AS MATERIALIZED (
+                SELECT {{gate}} AS open
+            ), slot AS MATERIALIZED (
+                SELECT t.n FROM gate, unnest($3::int4[], $4::int4[]) WITH ORDINALITY AS t(k1, k2, n)
+                WHERE CASE WHEN gate.open THEN pg_try_advisory_lock(t.k1, t.k2) ELSE false END
+                LIMIT 1
+            ), got AS MATERIALIZED (
+                SELECT (SELECT n FROM slot) AS n, (SELECT open FROM gate) AS open
+            ), shut AS MATERIALIZED (
+                SELECT {{shut}} AS done FROM got WHERE {{shut_when}}
+            ), cfg AS MATERIALIZED (
+                SELECT {before}, set_config('application_name', $6, false) AS app, {idle(7)} AS idle
+                FROM got WHERE n IS NOT NULL
+            ), {fence(5, "got", "n IS NOT NULL")}
+            SELECT (SELECT n FROM got) AS slot, (SELECT value FROM fence) AS token, {restore},
+                   (SELECT count(*) FROM shut) AS shut
+        """
+        self._sql["sem_try"] = (
+            sem_template.replace("{gate}", "pg_try_advisory_lock_shared($1::int4, $2::int4)")
+            .replace("{shut}", "pg_advisory_unlock_shared($1::int4, $2::int4)")
+            .replace("{shut_when}", "open")
+        )
+        self._sql["sem_head"] = (
+            sem_template.replace("{gate}", "true")
+            .replace("{shut}", "pg_advisory_unlock($1::int4, $2::int4)")
+            .replace("{shut_when}", "n IS NOT NULL")
+        )
+        # The semaphore's queue: $1, $2 the gate key; $3 lock_timeout; $4
+        # idle_session_timeout (the head waits idle between its tries, and a
+        # hung head must not keep the gate).
+        self._sql["sem_gate"] = (
+            f"SELECT set_config('lock_timeout', $3, true) AS lt, {idle(4)} AS idle,"
+            " pg_advisory_lock($1::int4, $2::int4) IS NOT NULL AS ok"
+        )
+        # The release of a hold that changed nothing else: unlock and put the
+        # session's settings back, one prepared statement. $1 application_name,
+        # $2 idle_session_timeout.
+        idle_back = ", set_config('idle_session_timeout', $2, false)" if self._pg14 else ", $2::text"
+        self._sql["release"] = f"SELECT pg_advisory_unlock_all(), set_config('application_name', $1, false){idle_back}"
+
+    def _cleanup_sql(self, attempt: _Attempt) -> str:
+        """Undo a lease connection's locks and settings (simple protocol: one round trip)."""
+        # Every advisory lock of the session is this hold's (one hold per
+        # connection, and the pool hands out connections without any).
+        parts = ["SELECT pg_advisory_unlock_all()", "RESET application_name"]
+        if self._pg14:
+            parts.append("RESET idle_session_timeout")
+        if attempt.reset_check:
+            parts.append("RESET client_connection_check_interval")
+        if attempt.channel is not None:
+            # A permit (or the head's place) was given back: the next waiter tries again.
+            parts += ["UNLISTEN *", f"SELECT pg_notify('{attempt.channel}', '')"]
+        return "; ".join(parts)
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
         got = await self.wait_acquire(name, hold, ttl, 0.0)
         return Busy(None) if got is None else got
 
     async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
-        if self._slots is None or self._pool is None:  # closed meanwhile (or never started)
+        return await self._acquire(LOCK, self._hooks, name, hold, ttl, timeout)
+
+    async def _acquire(
+        self, shape: Shape, hooks: BackendHooks | None, name: str, hold: str, ttl: float, timeout: float | None
+    ) -> Acquired | None:
+        slots = self._slots
+        if slots is None or self._pool is None:  # closed meanwhile (or never started)
             raise BackendUnavailable("the PostgreSQL backend is closed")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         # A place among this client's lease connections: waiting for one is
         # waiting for the lock (FIFO), within the caller's time.
-        try:
-            async with asyncio.timeout_at(deadline if deadline is None else max(deadline, loop.time() + 0.001)):
-                await self._slots.acquire()
-        except TimeoutError:
-            return None
+        if slots.locked():
+            try:
+                async with asyncio.timeout_at(deadline if deadline is None else max(deadline, loop.time() + 0.001)):
+                    await slots.acquire()
+            except TimeoutError:
+                return None
+        else:
+            await slots.acquire()  # free: returns at once
         conn: Any = None
+        attempt = _Attempt()
         result: Acquired | None = None
         try:
             # Connecting takes what it takes, but never longer than the lease
             # time or the caller's time, whichever is longer.
             connect_by = loop.time() + ttl if deadline is None else max(deadline, loop.time() + ttl)
             conn = await self._checkout(connect_by)
-            result = await self._lock(conn, name, hold, ttl, deadline)
+            if shape.kind == "semaphore":
+                result = await self._take_permit(conn, shape, name, hold, ttl, deadline, attempt)
+            else:
+                result = await self._take_lock(conn, shape, name, hold, ttl, deadline, attempt)
+            if result is not None:
+                self._keep(conn, shape, hooks, name, hold, ttl, attempt)
         except BaseException:
             try:
                 if conn is not None:
                     # Whatever the statement got, give it back before the error goes on.
-                    await self._give_back(conn, self._key_of(name), ttl)
+                    await self._give_back(conn, self._cleanup_sql(attempt) if attempt.dirty else None, ttl)
             finally:
-                self._slots.release()
+                slots.release()
             raise
         if result is None:
             # A wait can end in lock_timeout after the grant (on the fence
             # row's lock, should something else hold it): the session lock
-            # outlives the statement's error, so unlock it. One try
-            # (timeout=0) that said no got nothing and set nothing.
+            # outlives the statement's error, so the clean-up unlocks it. A
+            # try that said no got nothing and set nothing.
             try:
-                await self._give_back(conn, None if timeout == 0 else self._key_of(name), ttl)
+                await self._give_back(conn, self._cleanup_sql(attempt) if attempt.dirty else None, ttl)
             finally:
-                self._slots.release()
+                slots.release()
         return result
 
-    async def _checkout(self, bound: float) -> Any:
-        """A connection from the pool by ``bound``.
-
-        The checkout runs in its own task: a caller that gives up (cancelled,
-        out of time) leaves it to finish, and a connection it brings back goes
-        straight back to the pool, so no half-made connection is left behind.
-        """
-        task = asyncio.get_running_loop().create_task(_acquire_from(self._pool))
-        try:
-            async with _edge(), asyncio.timeout_at(bound):
-                return await asyncio.shield(task)
-        except BaseException:
-            if task.done():
-                if not task.cancelled() and task.exception() is None:
-                    self._later(self._pool.release(task.result()))
-            else:
-                task.add_done_callback(self._return_late_checkout)
-            raise
-
-    @contextlib.asynccontextmanager
-    async def _borrow(self, within: float) -> AsyncIterator[Any]:
-        """A pool connection for one short request, all of it bounded by ``within`` seconds."""
+    async def _take_lock(
+        self, conn: Any, shape: Shape, name: str, hold: str, ttl: float, deadline: float | None, attempt: _Attempt
+    ) -> Acquired | None:
+        """Take a lock (or a read or write side) on ``conn``: Acquired, or None when the time ran out."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        conn = await self._checkout(deadline)
-        try:
-            async with asyncio.timeout_at(deadline):
-                yield conn
-        finally:
-            # Back to the pool even if the caller is cancelled meanwhile; the
-            # pool waits for a cancelled statement to be acknowledged (or
-            # closes the connection).
-            self._later(self._pool.release(conn, timeout=max(0.05, min(within, ADMIN_TIMEOUT))))
-
-    def _return_late_checkout(self, task: asyncio.Task[Any]) -> None:
-        if not task.cancelled() and task.exception() is None:
-            self._later(self._pool.release(task.result()))
-
-    def _later(self, coro: Any) -> None:
-        """Run ``coro`` in the background, keeping a reference and swallowing its outcome."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(_quiet)
-
-    async def _lock(self, conn: Any, name: str, hold: str, ttl: float, deadline: float | None) -> Acquired | None:
-        """Take the lock on ``conn``: Acquired, or None when the time ran out; any error propagates."""
-        loop = asyncio.get_running_loop()
-        key = self._key_of(name)
+        key = self._main_key(shape, name)
+        side = "s" if shape.kind == "read" else "x"
+        args = (key[0], key[1], self._row(shape, name), self._app_name(name, hold), _ms(ttl))
+        # Try first: an uncontended acquire is this one round trip.
         sent = loop.time()
-        remaining = None if deadline is None else deadline - sent
-        args = (key[0], key[1], name.encode(), self._app_name(name, hold), _ms(ttl))
-        if remaining is not None and remaining <= 0:
-            async with _edge(), asyncio.timeout_at(sent + ttl):
-                row = await conn.fetchrow(self._sql_try, *args, "0")
-        else:
-            if self._pg14:
-                # A waiting session does not read its socket: without this
-                # check a waiter whose client is gone (crashed, or closed the
-                # connection) stays queued as a ghost until its turn comes.
-                # The server arms the check when a statement starts, so it is
-                # set beforehand (one more round trip, on the waiting path only).
-                async with _edge(), asyncio.timeout_at(sent + ttl):
-                    await conn.execute(f"SET client_connection_check_interval = {_ms(min(ttl / 3, 1.0))}")
-            lock_timeout = "0" if remaining is None else _ms(remaining)
-            row = await self._wait(conn, ttl, deadline, self._sql_wait, *args, lock_timeout)
+        attempt.dirty = True
+        async with _edge(), asyncio.timeout_at(sent + ttl):
+            row = await conn.fetchrow(self._sql[f"try_{side}"], *args)
+        if row["ok"]:
+            attempt.before = (row["app0"], row["idle0"])
+            return Acquired(int(row["token"]), confirmed_at=sent)
+        attempt.dirty = False  # refused: nothing locked, nothing set
+        if deadline is not None and deadline <= loop.time():
+            return None
+        await self._arm_check(conn, ttl, attempt)
+        sent = loop.time()
+        lock_timeout = "0" if deadline is None else _ms(deadline - sent)
+        attempt.dirty = True
+        row = await self._wait(conn, ttl, deadline, self._sql[f"wait_{side}"], *args, lock_timeout)
         if row is None or not row["ok"]:
             return None
-        token = int(row["token"])
+        attempt.before = (row["app0"], row["idle0"])
+        return await self._confirm(conn, ttl, int(row["token"]), sent)
+
+    async def _take_permit(
+        self, conn: Any, shape: Shape, name: str, hold: str, ttl: float, deadline: float | None, attempt: _Attempt
+    ) -> Acquired | None:
+        """Take a permit of a semaphore on ``conn``: Acquired, or None when the time ran out."""
+        loop = asyncio.get_running_loop()
+        gate = gate_key(self._prefix, name)
+        highs, lows = _slot_arrays(self._prefix, name, shape.permits)
+        args = (gate[0], gate[1], highs, lows, self._row(shape, name), self._app_name(name, hold), _ms(ttl))
+        sent = loop.time()
+        attempt.dirty = True
+        async with _edge(), asyncio.timeout_at(sent + ttl):
+            row = await conn.fetchrow(self._sql["sem_try"], *args)
+        if row["slot"] is not None:
+            attempt.before = (row["app0"], row["idle0"])
+            return Acquired(int(row["token"]), confirmed_at=sent)
+        attempt.dirty = False
+        if deadline is not None and deadline <= loop.time():
+            return None
+        # Wait: queue for the gate; as its holder (the head), listen for
+        # releases and try the slots again at each one.
+        await self._arm_check(conn, ttl, attempt)
+        released = asyncio.Event()
+
+        def on_release(*_: Any) -> None:
+            released.set()
+
+        channel = _channel(self._prefix, name)
+        attempt.dirty = True
+        attempt.channel = channel
+        async with _edge(), asyncio.timeout_at(loop.time() + ttl):
+            await conn.add_listener(channel, on_release)
+        lock_timeout = "0" if deadline is None else _ms(max(deadline - loop.time(), 0.001))
+        row = await self._wait(conn, ttl, deadline, self._sql["sem_gate"], gate[0], gate[1], lock_timeout, _ms(ttl))
+        if row is None or not row["ok"]:
+            return None
+        # The head waits idle between tries: well within its idle_session_timeout (ttl).
+        recheck = max(0.005, min(ttl / 3, RECHECK_MAX))
+        while True:
+            released.clear()
+            sent = loop.time()
+            async with _edge(), asyncio.timeout_at(sent + ttl):
+                row = await conn.fetchrow(self._sql["sem_head"], *args)
+            if row["slot"] is not None:
+                attempt.before = (row["app0"], row["idle0"])
+                return Acquired(int(row["token"]), confirmed_at=sent)
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                return None
+            pause = recheck if deadline is None else min(recheck, deadline - now)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await released.wait()
+
+    async def _arm_check(self, conn: Any, ttl: float, attempt: _Attempt) -> None:
+        """Before a wait on a connection without it: set client_connection_check_interval.
+
+        A waiting session does not read its socket: without this check a
+        waiter whose client is gone (crashed, or closed the connection) stays
+        queued as a ghost until its turn comes. The server arms the check when
+        a statement starts, so it is set beforehand (one more round trip, on
+        the waiting path of a given pool only; asynclock's own pool sets it
+        once per connection).
+        """
+        if self._checked or not self._pg14:
+            return
+        attempt.dirty = True
+        attempt.reset_check = True
+        async with _edge(), asyncio.timeout_at(asyncio.get_running_loop().time() + ttl):
+            await conn.execute(f"SET client_connection_check_interval = {CHECK_INTERVAL_MS}")
+
+    async def _confirm(self, conn: Any, ttl: float, token: int, sent: float) -> Acquired:
+        """The grant of a wait sent at ``sent``, with a send time the lease may count from."""
+        loop = asyncio.get_running_loop()
         confirmed = sent
         if loop.time() - sent > ttl / 3:
             # A long wait: the grant's own send time is too old to count the
@@ -506,16 +752,26 @@ class PostgresBackend:
             confirmed = loop.time()
             async with _edge(), asyncio.timeout_at(confirmed + ttl):
                 await conn.fetchval("SELECT 1")
-        hold_record = _Hold(name=name, key=key, conn=conn, ttl=ttl)
-        hold_record.on_close = self._on_close_callback(hold, hold_record)
+        return Acquired(token, confirmed_at=confirmed)
+
+    def _keep(
+        self, conn: Any, shape: Shape, hooks: BackendHooks | None, name: str, hold: str, ttl: float, attempt: _Attempt
+    ) -> None:
+        """Record a granted hold and watch its connection; raises if the connection is already gone."""
+        args: tuple[Any, ...]
+        if attempt.before is not None and not attempt.reset_check and attempt.channel is None:
+            cleanup, args = self._sql["release"], attempt.before
+        else:
+            cleanup, args = self._cleanup_sql(attempt), ()
+        record = _Hold(name=name, shape=shape, conn=conn, ttl=ttl, cleanup=cleanup, cleanup_args=args, hooks=hooks)
+        record.on_close = self._on_close_callback(hold, record)
         with contextlib.suppress(asyncpg.InterfaceError):  # a proxy the pool took back: closed
-            conn.add_termination_listener(hold_record.on_close)
+            conn.add_termination_listener(record.on_close)
         if _is_closed(conn):
             with contextlib.suppress(asyncpg.InterfaceError):
-                conn.remove_termination_listener(hold_record.on_close)
+                conn.remove_termination_listener(record.on_close)
             raise BackendUnavailable("the PostgreSQL connection closed right after the lock was granted")
-        self._holds[hold] = hold_record
-        return Acquired(token, confirmed_at=confirmed)
+        self._holds[hold] = record
 
     async def _wait(self, conn: Any, ttl: float, deadline: float | None, sql: str, *args: Any) -> Any:
         """Run the blocking statement: its row, or None when ``lock_timeout`` ended the wait.
@@ -548,8 +804,11 @@ class PostgresBackend:
         finally:
             if not task.done():
                 # asyncpg sends a CancelRequest; the next statement on this
-                # connection waits until the server acknowledged it.
+                # connection waits until the server acknowledged it. The
+                # statement's task must see its cancellation first, or that
+                # next statement would find the connection still busy.
                 task.cancel()
+                await asyncio.wait({task}, timeout=CLEANUP_TIMEOUT)
 
     async def _server_alive(self, within: float) -> bool:
         """One shared probe at a time: can a connection of the pool run ``SELECT 1`` within ``within``?"""
@@ -572,27 +831,24 @@ class PostgresBackend:
             if record.released or record.lost or self._holds.get(hold) is not record:
                 return
             record.lost = True
-            if self._hooks is not None:
-                self._hooks.lose(
+            if record.hooks is not None:
+                record.hooks.lose(
                     [hold], "the PostgreSQL connection holding the lock closed (terminated, restarted or cut off)"
                 )
 
         return on_close
 
-    async def _give_back(self, conn: Any, key: Key | None, ttl: float) -> bool:
-        """Return ``conn`` to the pool in a known state (``key`` unlocked), else close it.
+    async def _give_back(
+        self, conn: Any, cleanup: str | None, ttl: float, *args: Any, wait_for_pool: bool = True
+    ) -> bool:
+        """Return ``conn`` to the pool in a known state (``cleanup`` run), else close it.
 
         Returns True if the connection went back clean, False if it was closed.
-        Never raises and always finishes, even if the caller is cancelled meanwhile.
+        Never raises but CancelledError, and a cancelled caller leaves the
+        connection closed (its session, and so its locks, end with it). Without
+        ``wait_for_pool`` the connection, clean, goes back to the pool in the
+        background (the pool's own hand-over takes a task and a loop turn).
         """
-        task = asyncio.get_running_loop().create_task(self._clean(conn, key, ttl))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            _terminate(conn)
-            raise
-
-    async def _clean(self, conn: Any, key: Key | None, ttl: float) -> bool:
         # A healthy server answers at once; one that does not is not waited
         # for: closing the connection ends the session, and its locks, too.
         bound = max(0.05, min(ttl / 3, CLEANUP_TIMEOUT))
@@ -601,15 +857,58 @@ class PostgresBackend:
             return False
         try:
             async with asyncio.timeout(bound):
-                if key is not None:
-                    await conn.execute(self._cleanup_sql(key))
-                # (key None: nothing was granted, so nothing was set either.)
-                await self._pool.release(conn, timeout=bound)
-        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - any doubt: close it
+                if cleanup is not None:
+                    await conn.execute(cleanup, *args)
+                # (None: nothing was granted, so nothing was set either.)
+                if not wait_for_pool:
+                    self._park(conn, bound)
+                    return True
+                await self._pool.release(conn)
+        except asyncio.CancelledError:
+            _terminate(conn)
+            raise
+        except Exception as exc:  # noqa: BLE001 - any doubt: close it
             logger.info("closing a PostgreSQL lease connection in an unknown state: %r", exc)
             _terminate(conn)
             return False
+        self._warm += 1
         return True
+
+    def _park(self, conn: Any, bound: float) -> None:
+        """Keep a clean lease connection for the next acquire a moment, else give it back to the pool."""
+        if not self._owns_pool or len(self._parked) >= PARK_MAX:
+            self._later(self._return(conn, bound))
+            return
+        handle = asyncio.get_running_loop().call_later(PARK_TIME, self._unpark, conn, bound)
+        self._parked.append((conn, handle))
+
+    def _unpark(self, conn: Any, bound: float) -> None:
+        for i, (parked, _) in enumerate(self._parked):
+            if parked is conn:
+                del self._parked[i]
+                self._later(self._return(conn, bound))
+                return
+
+    def _take_parked(self) -> Any:
+        """A clean, open lease connection kept by ``_park`` (the latest), or None."""
+        while self._parked:
+            conn, handle = self._parked.pop()
+            handle.cancel()
+            if not _is_closed(conn):
+                return conn
+            _terminate(conn)  # closed while parked: the pool takes its holder back
+        return None
+
+    async def _return(self, conn: Any, bound: float) -> None:
+        """Give a clean lease connection back to the pool (a background task of ``_give_back``)."""
+        try:
+            async with asyncio.timeout(bound):
+                await self._pool.release(conn)
+        except Exception as exc:  # noqa: BLE001 - any doubt: close it
+            logger.info("closing a PostgreSQL lease connection the pool did not take back: %r", exc)
+            _terminate(conn)
+            return
+        self._warm += 1
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
         record = self._holds.get(hold)
@@ -638,7 +937,7 @@ class PostgresBackend:
                     _terminate(conn)
             # Whether it goes back clean or is closed (ending the session), the
             # server no longer holds the lock for this hold.
-            await self._give_back(conn, record.key, record.ttl)
+            await self._give_back(conn, record.cleanup, record.ttl, *record.cleanup_args, wait_for_pool=False)
         except BaseException:
             _terminate(conn)
             raise
@@ -682,55 +981,85 @@ class PostgresBackend:
         """Nothing to do: the server's lock queue wakes waiters itself."""
 
     async def info(self, name: str) -> LockInfo:
+        return await self._info(LOCK, name, self.lock_key(name))
+
+    async def _info(self, shape: Shape, name: str, key_text: str) -> LockInfo:
         if self._pool is None:  # closed meanwhile (or never started)
             raise BackendUnavailable("the PostgreSQL backend is closed")
-        high, low = self._key_of(name)
+        main = self._main_key(shape, name)
+        if shape.kind == "semaphore":
+            highs, lows = _slot_arrays(self._prefix, name, shape.permits)
+            held_keys = list(zip(highs, lows, strict=True))
+        else:
+            held_keys = [main]
         # pg_locks shows the two-int key as unsigned oids, objsubid 2.
-        sql = f"""
-            WITH l AS (
-                SELECT l.pid, l.granted FROM pg_locks l
-                WHERE l.locktype = 'advisory' AND l.objsubid = 2
-                  AND l.classid::int8 = $1 AND l.objid::int8 = $2
-                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-            )
-            SELECT
-                (SELECT l.pid FROM l WHERE l.granted LIMIT 1) AS pid,
-                (SELECT a.application_name FROM l JOIN pg_stat_activity a ON a.pid = l.pid
-                 WHERE l.granted LIMIT 1) AS app,
-                (SELECT count(*) FROM l WHERE NOT l.granted) AS waiters,
-                (SELECT value FROM {_table_sql(self._table)} WHERE name = $3) AS token
+        sql = """
+            SELECT l.pid, l.granted, l.mode, a.application_name AS app,
+                   l.classid::int8 = $1 AND l.objid::int8 = $2 AS main
+            FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+            WHERE l.locktype = 'advisory' AND l.objsubid = 2
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND ((l.classid::int8 = $1 AND l.objid::int8 = $2)
+                   OR (l.classid::int8, l.objid::int8) IN (SELECT * FROM unnest($3::int8[], $4::int8[])))
+            ORDER BY l.pid
         """
+        fence = f"SELECT value FROM {_table_sql(self._table)} WHERE name = $1"
         async with _edge(), self._borrow(ADMIN_TIMEOUT) as conn:
-            row = await conn.fetchrow(sql, high & 0xFFFFFFFF, low & 0xFFFFFFFF, name.encode())
-        owner: str | None = None
-        if row["pid"] is not None:
+            rows = await conn.fetch(
+                sql,
+                main[0] & 0xFFFFFFFF,
+                main[1] & 0xFFFFFFFF,
+                [k[0] & 0xFFFFFFFF for k in held_keys],
+                [k[1] & 0xFFFFFFFF for k in held_keys],
+            )
+            token = await conn.fetchval(fence, self._row(shape, name))
+        check = name_check(self._prefix, name)
+        holders: list[str] = []
+        waiters = 0
+        for row in rows:
+            if shape.kind == "semaphore" and row["main"]:
+                # The gate: queued for it, or holding it as the head waiter (a
+                # newcomer's instant shared hold is not waiting).
+                if not row["granted"] or row["mode"] == "ExclusiveLock":
+                    waiters += 1
+                continue
+            if not row["granted"]:
+                waiters += 1
+                continue
             parts = str(row["app"] or "").split(" ", 2)
             if len(parts) == 3 and parts[0] == APP_TAG:
                 # Held for this name, or for another name whose key collides?
-                owner = parts[2] if parts[1] == name_check(self._prefix, name) else None
+                if parts[1] == check:
+                    holders.append(parts[2])
             else:
-                owner = f"pid {row['pid']} ({row['app'] or 'not asynclock'})"
+                holders.append(f"pid {row['pid']} ({row['app'] or 'not asynclock'})")
+        owner = holders[0] if holders else None
         count = 0
         if owner is not None:
-            mine = next((h for h in self._holds.values() if h.name == name and not h.lost), None)
+            mine = next(
+                (h for hold, h in self._holds.items() if hold == owner and h.name == name and not h.lost),
+                None,
+            )
             count = mine.count if mine is not None else 1
         return LockInfo(
             name=name,
-            key=self.lock_key(name),
+            key=key_text,
             owner=owner,
             hold_count=count,
             ttl=None,
-            waiters=int(row["waiters"]),
-            token=int(row["token"]) if owner is not None and row["token"] is not None else None,
+            waiters=waiters,
+            token=int(token) if owner is not None and token is not None else None,
+            holders=tuple(holders),
         )
 
     async def names(self) -> list[str]:
-        """Names under this client's table whose lock is held right now."""
+        """Names under this client's table whose (plain or fair) lock is held right now."""
         if self._pool is None:  # closed meanwhile (or never started)
             raise BackendUnavailable("the PostgreSQL backend is closed")
+        # The rows of read-write locks and semaphores start with a 0xff byte.
         sql = f"""
             SELECT f.name FROM {_table_sql(self._table)} f
-            WHERE EXISTS (
+            WHERE f.name < '\\xff'::bytea AND EXISTS (
                 SELECT 1 FROM pg_locks l
                 WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
                   AND l.classid::int8 = (f.k1::int8 & 4294967295) AND l.objid::int8 = (f.k2::int8 & 4294967295)
@@ -751,6 +1080,8 @@ class PostgresBackend:
         for task in (self._probe, self._starting):
             if task is not None and not task.done():
                 task.cancel()
+        while (conn := self._take_parked()) is not None:
+            self._later(self._return(conn, CLEANUP_TIMEOUT))
         if self._background:
             # connections on their way back to the pool
             await asyncio.wait(list(self._background), timeout=ADMIN_TIMEOUT)
@@ -766,9 +1097,139 @@ class PostgresBackend:
             except Exception:  # noqa: BLE001 - a silent server: drop the sockets
                 pool.terminate()
 
+    # -- connections ------------------------------------------------------------
+
+    async def _checkout(self, bound: float) -> Any:
+        """A connection from the pool by ``bound``.
+
+        With an idle connection in the pool this is a plain ``acquire`` (no
+        I/O, nothing to cut in half). Otherwise the checkout, which may
+        connect, runs in its own task: a caller that gives up (cancelled, out
+        of time) leaves it to finish, and a connection it brings back goes
+        straight back to the pool, so no half-made connection is left behind.
+        """
+        pool = self._pool
+        conn = self._take_parked()
+        if conn is not None:
+            return conn
+        if self._warm > 0:
+            self._warm -= 1
+            async with _edge():
+                return await pool.acquire()
+        task = asyncio.get_running_loop().create_task(_acquire_from(pool))
+        try:
+            async with _edge(), asyncio.timeout_at(bound):
+                return await asyncio.shield(task)
+        except BaseException:
+            if task.done():
+                if not task.cancelled() and task.exception() is None:
+                    self._later(pool.release(task.result()))
+            else:
+                task.add_done_callback(self._return_late_checkout)
+            raise
+
+    @contextlib.asynccontextmanager
+    async def _borrow(self, within: float) -> AsyncIterator[Any]:
+        """A pool connection for one short request, all of it bounded by ``within`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        conn = await self._checkout(deadline)
+        try:
+            async with asyncio.timeout_at(deadline):
+                yield conn
+        finally:
+            # Back to the pool even if the caller is cancelled meanwhile; the
+            # pool waits for a cancelled statement to be acknowledged (or
+            # closes the connection).
+            self._later(self._pool.release(conn, timeout=max(0.05, min(within, ADMIN_TIMEOUT))))
+
+    def _return_late_checkout(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._later(self._pool.release(task.result()))
+
+    def _later(self, coro: Any) -> None:
+        """Run ``coro`` in the background, keeping a reference and swallowing its outcome."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_quiet)
+
+
+class _PostgresShape:
+    """The adapter of a fair lock, a read or write side, or a semaphore, on the backend's pool.
+
+    Requests go through the backend (its pool, its lease connections, its
+    holds); the adapter brings its own hooks, so a lost hold is reported to
+    the waiters and holders of its own shape.
+    """
+
+    kind = "postgres"
+    queues_waiters = True
+
+    def __init__(self, backend: PostgresBackend, shape: Shape) -> None:
+        self._backend = backend
+        self._shape = shape
+        self._hooks: BackendHooks | None = None
+
+    def lock_key(self, name: str) -> str:
+        high, low = self._backend._main_key(self._shape, name)
+        if self._shape.kind == "semaphore":
+            return f"pg_advisory_gate({high},{low})+{self._shape.permits} slots"
+        return f"pg_advisory({high},{low})"
+
+    def lease_time(self, ttl: float) -> float:
+        return self._backend.lease_time(ttl)
+
+    def primitive(self, shape: Shape) -> Backend:
+        raise unsupported(self._backend.kind, shape, "ask the client's backend, not an adapter")
+
+    async def start(self, hooks: BackendHooks) -> None:
+        self._hooks = hooks
+        await self._backend._ready()
+
+    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
+        got = await self.wait_acquire(name, hold, ttl, 0.0)
+        return Busy(None) if got is None else got
+
+    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
+        return await self._backend._acquire(self._shape, self._hooks, name, hold, ttl, timeout)
+
+    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+        return await self._backend.set_count(name, hold, count, ttl)
+
+    async def release(self, name: str, hold: str) -> bool:
+        return await self._backend.release(name, hold)
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        return await self._backend.renew(items)
+
+    async def subscribe(self, name: str) -> None:
+        """Nothing to do: the server's lock queue (or a semaphore's head waiter) wakes waiters."""
+
+    async def unsubscribe(self, name: str) -> None:
+        """Nothing to do: the server's lock queue (or a semaphore's head waiter) wakes waiters."""
+
+    async def info(self, name: str) -> LockInfo:
+        return await self._backend._info(self._shape, name, self.lock_key(name))
+
+    async def aclose(self) -> None:
+        """Nothing of its own: the backend's ``aclose`` ends every hold and the pool."""
+
 
 async def _no_reset(conn: Any) -> None:
     """Pool reset hook for asynclock's own pool: lease connections clean up after themselves."""
+
+
+def _with_check_interval(init: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """The ``init`` of asynclock's own pool: client_connection_check_interval, once per connection."""
+
+    async def setup(conn: Any) -> None:
+        if conn.get_server_version().major >= 14:
+            await conn.execute(f"SET client_connection_check_interval = {CHECK_INTERVAL_MS}")
+        if init is not None:
+            await init(conn)
+
+    return setup
 
 
 async def _acquire_from(pool: Any) -> Any:
