@@ -361,8 +361,8 @@ async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skippe
 
     out: dict[str, Any] = {}
     for subject in subjects:
-        if not subject.key.startswith("asynclock-"):
-            continue
+        if not subject.key.startswith("asynclock-") or subject.key.endswith("-fair"):
+            continue  # (the fair lock's watchdog is the same batching as the plain lock's)
         if subject.backend == "postgres":
             skipped["watchdog:asynclock-postgres"] = "not run: every PostgreSQL lease is its own server connection"
             continue

@@ -52,6 +52,7 @@ SUBJECTS: list[Subject] = [
     Subject("asynclock-memory", "asynclock memory://", "memory", False, False, True, ("asynclock",)),
     Subject("raw-redis", "raw SET NX PX + Lua compare-and-delete", "redis", False, True, False, ("redis",)),
     Subject("asynclock-redis", "asynclock redis://", "redis", False, False, True, ("redis",)),
+    Subject("asynclock-redis-fair", "asynclock redis:// fair", "redis", False, False, True, ("redis",)),
     Subject("redis-py-0.1", "redis-py Lock (sleep=0.1)", "redis", False, False, True, ("redis",)),
     Subject("redis-py-0.001", "redis-py Lock (sleep=0.001)", "redis", False, False, True, ("redis",)),
     Subject("python-redis-lock", "python-redis-lock (threads)", "redis", True, False, True, ("redis", "redis_lock")),
@@ -87,8 +88,9 @@ class AsyncClient:
 
 
 class AsynclockClient(AsyncClient):
-    def __init__(self) -> None:
+    def __init__(self, fair: bool = False) -> None:
         self.locks: Any = None
+        self.fair = fair
 
     async def open(self, url: str) -> None:
         import asynclock
@@ -97,7 +99,7 @@ class AsynclockClient(AsyncClient):
         await self.locks.__aenter__()
 
     def handle(self, name: str) -> AsyncHandle:
-        return _AsynclockHandle(self.locks.lock(name))
+        return _AsynclockHandle(self.locks.lock(name, fair=True) if self.fair else self.locks.lock(name))
 
     async def close(self) -> None:
         await self.locks.aclose()
@@ -345,7 +347,7 @@ def _zk_hosts(url: str) -> str:
 
 def async_client(key: str) -> AsyncClient:
     if key.startswith("asynclock-"):
-        return AsynclockClient()
+        return AsynclockClient(fair=key.endswith("-fair"))
     factories: dict[str, Any] = {
         "raw-redis": RawRedisClient,
         "redis-py-0.1": lambda: RedisPyClient(0.1),

@@ -45,7 +45,7 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
     assert results["skipped"] == {}
 
     unc = results["uncontended"]
-    assert set(unc) == {"asynclock-memory", "raw-redis", "asynclock-redis"}
+    assert set(unc) == {"asynclock-memory", "raw-redis", "asynclock-redis", "asynclock-redis-fair"}
     for row in unc.values():
         assert row["samples"] > 0
         assert row["median_us"] > 0
@@ -57,7 +57,7 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
     assert unc["asynclock-redis"]["commands_per_acq"] > 0
 
     con = results["contended"]
-    assert set(con) == {"asynclock-memory", "asynclock-redis"}
+    assert set(con) == {"asynclock-memory", "asynclock-redis", "asynclock-redis-fair"}
     for row in con.values():
         assert row["overlaps"] == 0, "two workers held the lock at once"
         assert row["stuck"] == 0 and row["errors"] == []

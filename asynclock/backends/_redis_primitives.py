@@ -72,11 +72,13 @@ local now = math.floor(now_us / 1000)
 
 local function num(x) return string.format('%.0f', x) end
 
--- the keys live at least ms more (never shortened: other entries may need longer)
-local function keep(keys, ms)
-  for _, k in ipairs(keys) do
-    local p = redis.call('PTTL', k)
-    if p ~= -2 and p < ms then redis.call('PEXPIRE', k, ms) end
+-- a pair of keys written together (holds and data, or queue and waiting) lives
+-- at least ms more; never shortened, other entries may need longer
+local function keep(a, b, ms)
+  local p = redis.call('PTTL', a)
+  if p ~= -2 and p < ms then
+    redis.call('PEXPIRE', a, ms)
+    redis.call('PEXPIRE', b, ms)
   end
 end
 
@@ -103,15 +105,17 @@ local function grant(hold, mode, ttl, fence_ms)
   redis.call('SET', F, token, 'PX', fence_ms)
   redis.call('ZADD', H, num(now + ttl), hold)
   redis.call('HSET', D, hold, mode .. ' ' .. token .. ' 1')
-  keep({H, D}, ttl)
+  keep(H, D, ttl)
   return token
 end
 
--- grant queued waiters from the head while they fit; drop dead entries on the way
+-- grant queued waiters from the head while they fit, dropping dead entries on
+-- the way; returns nil if the queue is empty now, the live head that does not
+-- fit, or true after an exclusive grant (nobody else can fit then)
 local function serve(permits, fence_ms)
   while true do
     local head = redis.call('LINDEX', Q, 0)
-    if not head then return end
+    if not head then return nil end
     local w = redis.call('HGET', W, head)
     local deadline, ttl, mode, channel
     if w then deadline, ttl, mode, channel = string.match(w, '^(%d+) (%d+) (%a) (.*)$') end
@@ -123,15 +127,10 @@ local function serve(permits, fence_ms)
       redis.call('HDEL', W, head)
       local token = grant(head, mode, tonumber(ttl), fence_ms)
       redis.call('PUBLISH', channel, head .. ' ' .. token)
+      if mode == 'x' then return true end
     else
-      return
+      return head
     end
-  end
-end
-
-local function tidy()
-  if redis.call('ZCARD', H) == 0 and redis.call('LLEN', Q) == 0 then
-    redis.call('DEL', H, D, Q, W)
   end
 end
 """
@@ -143,36 +142,38 @@ end
 # channel of the caller's client, ARGV[7] fence counter lifetime in ms
 # returns {1, token} if ARGV[1] holds it now (just taken, or already: a retry,
 # a poll after a hand-over; its expiry is reset to ARGV[4]), or {0, ms until
-# the first holder's lease ends (-1: no holder), 1 if ARGV[1] heads the queue}
+# the first holder's lease ends (-1: no holder, or not asked), 1 if ARGV[1]
+# heads the queue}
 ACQUIRE = (
     _PRELUDE
     + """
 local hold, mode, permits, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 prune()
-serve(permits, ARGV[7])
+local head = serve(permits, ARGV[7])
 local d = redis.call('HGET', D, hold)
 if d then
   redis.call('ZADD', H, num(now + ttl), hold)
-  keep({H, D}, ttl)
+  keep(H, D, ttl)
   return {1, string.match(d, '^%a (%d+)')}
 end
-local w = redis.call('HGET', W, hold)
-if not w and redis.call('LLEN', Q) == 0 and fits(mode, permits) then
+if head == nil and fits(mode, permits) then
   return {1, grant(hold, mode, ttl, ARGV[7])}
 end
+-- not free (somebody holds it or is queued: never empty, nothing to tidy)
+if ARGV[5] ~= '1' then return {0, -1, 0} end
+local first_in_line
+if head ~= nil and redis.call('HGET', W, hold) then
+  first_in_line = head == hold or (head == true and redis.call('LINDEX', Q, 0) == hold)
+else
+  first_in_line = redis.call('RPUSH', Q, hold) == 1
+end
+redis.call('HSET', W, hold, num(now + ttl) .. ' ' .. ttl .. ' ' .. mode .. ' ' .. ARGV[6])
+keep(Q, W, ttl)
+if not first_in_line then return {0, -1, 0} end
 local first = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
 local hint = -1
 if first[2] then hint = tonumber(first[2]) - now end
-if ARGV[5] == '1' then
-  if not w then redis.call('RPUSH', Q, hold) end
-  redis.call('HSET', W, hold, num(now + ttl) .. ' ' .. ttl .. ' ' .. mode .. ' ' .. ARGV[6])
-  keep({Q, W}, ttl)
-  local head = 0
-  if redis.call('LINDEX', Q, 0) == hold then head = 1 end
-  return {0, hint, head}
-end
-tidy()
-return {0, hint, 0}
+return {0, hint, 1}
 """
 )
 
@@ -187,19 +188,20 @@ RELEASE = (
     + """
 local hold, permits = ARGV[1], tonumber(ARGV[2])
 prune()
-serve(permits, ARGV[4])
-local d = redis.call('HGET', D, hold)
 local out = {0}
-if d then
-  if ARGV[3] == '1' then return {2, string.match(d, '^%a (%d+)')} end
-  redis.call('ZREM', H, hold)
+if ARGV[3] == '1' then
+  local d = redis.call('HGET', D, hold)
+  if d then return {2, string.match(d, '^%a (%d+)')} end
+elseif redis.call('ZREM', H, hold) == 1 then
   redis.call('HDEL', D, hold)
   out = {1}
-elseif redis.call('HDEL', W, hold) == 1 then
+end
+if out[1] == 0 and redis.call('HDEL', W, hold) == 1 then
   redis.call('LREM', Q, 0, hold)
 end
-serve(permits, ARGV[4])
-tidy()
+if serve(permits, ARGV[4]) == nil and redis.call('ZCARD', H) == 0 then
+  redis.call('DEL', H, D, Q, W)
+end
 return out
 """
 )
@@ -215,7 +217,7 @@ if s and tonumber(s) > now then
   local mode, token = string.match(redis.call('HGET', D, ARGV[1]), '^(%a) (%d+)')
   redis.call('HSET', D, ARGV[1], mode .. ' ' .. token .. ' ' .. ARGV[2])
   redis.call('ZADD', H, num(now + tonumber(ARGV[3])), ARGV[1])
-  keep({H, D}, tonumber(ARGV[3]))
+  keep(H, D, tonumber(ARGV[3]))
   return 1
 end
 return 0
@@ -235,8 +237,9 @@ for i = 1, #ARGV / 2 do
   local s = redis.call('ZSCORE', h, hold)
   if s and tonumber(s) > now then
     redis.call('ZADD', h, string.format('%.0f', now + ttl), hold)
-    for _, k in ipairs({h, d}) do
-      if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+    if redis.call('PTTL', h) < ttl then
+      redis.call('PEXPIRE', h, ttl)
+      redis.call('PEXPIRE', d, ttl)
     end
     out[i] = 1
   else
