@@ -565,11 +565,13 @@ class ZooKeeperBackend:
 
         A waiter watches the node ``rule`` names; with ``watch_children`` (the
         semaphore's leases, watched by the one waiter that holds the
-        semaphore's mutex) every read of the children sets a children watch
-        instead, in the same request.
+        semaphore's mutex) it watches the children instead: once it has to
+        wait, every read of the children sets that watch in the same request
+        (a hold granted at once sets none).
         """
         session = self._session
         loop = asyncio.get_running_loop()
+        waiting = False
         while True:
             if self._closed:
                 raise ZkConnectionLoss("the ZooKeeper client is closed")
@@ -578,8 +580,8 @@ class ZooKeeperBackend:
             def wake(what: str, woken: asyncio.Event = woken) -> None:
                 woken.set()
 
-            child_watch = wake if watch_children else None
-            watched: tuple[str, str] | None = ("child", node.dir) if watch_children else None
+            child_watch = wake if watch_children and waiting else None
+            watched: tuple[str, str] | None = ("child", node.dir) if child_watch else None
             try:
                 listing: asyncio.Future[Any] | None = None
                 if node.path is None or not self._alive(node):
@@ -617,6 +619,9 @@ class ZooKeeperBackend:
                     return Acquired(node.czxid, confirmed_at=session.confirmed_at)
                 if once:
                     return None
+                if watch_children and child_watch is None:
+                    waiting = True
+                    continue  # read them again, with the watch this time
                 if ahead is not None and not watch_children:
                     predecessor = f"{node.dir}/{ahead}"
                     watched = ("data", predecessor)
