@@ -36,6 +36,12 @@ creation order), so each new holder of a name gets a larger czxid, even when
 the lock's parent znode was deleted and created again in between.
 
 Reentrancy is counted in the client: a re-entry writes nothing.
+
+More primitives (:class:`_ZkPrimitive`), each on Curator's layout so that
+Curator's recipes share them: the fair lock is the lock itself (the recipe is
+FIFO); a read-write lock is Curator's InterProcessReadWriteLock under
+``<prefix>/%rw/<name>``; a semaphore is Curator's InterProcessSemaphoreV2
+under ``<prefix>/%semaphore/<name>``. Every token is a node's czxid.
 """
 
 from __future__ import annotations
@@ -337,13 +343,15 @@ class ZooKeeperBackend:
                 if not self._session.connected:
                     raise ZkConnectionLoss(f"no ZooKeeper server reachable within {timeout}s") from None
                 result = None
+            if result is not None and mutex is not None:
+                # the next waiter's turn, before this acquire returns (so an
+                # acquire(timeout=0) made after it never finds the mutex taken)
+                await self._abandon(mutex)
         except BaseException:
             await self._abandon(node, mutex)
             raise
         if result is None:
             await self._abandon(node, mutex)
-        elif mutex is not None:
-            self._spawn(self._cleanup(mutex))  # the next waiter's turn: in the background
         return result
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
