@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 
 import asynclock
-from asynclock.backends.postgres import PostgresBackend, advisory_key
+from asynclock.backends.postgres import PostgresBackend, advisory_key, rw_key, slot_key
 from tests.harness import Harness
 from tests.servers.postgres import PostgresServer
 
@@ -81,6 +81,28 @@ class PostgresHarness(Harness):
         task.add_done_callback(self._terminations.discard)
         return True
 
+    async def expire_shape(self, kind: str, name: str) -> bool:
+        """End the sessions holding the primitive ``kind`` of ``name`` (as ``expire`` does).
+
+        A semaphore's holders are looked for in its first 16 slots.
+        """
+        if kind == "fair":  # the plain lock itself
+            return await self.expire(name)
+        if kind in ("read", "write"):
+            keys = {unsigned(rw_key(self.prefix, name))}
+        else:
+            keys = {unsigned(slot_key(self.prefix, name, slot)) for slot in range(16)}
+        pids = {
+            int(row["pid"])
+            for row in await (await self.admin()).fetch(HELD_SQL)
+            if (row["classid"], row["objid"]) in keys
+        }
+        for pid in pids:
+            task = asyncio.get_running_loop().create_task(self._terminate(pid))
+            self._terminations.add(task)
+            task.add_done_callback(self._terminations.discard)
+        return bool(pids)
+
     async def _terminate(self, pid: int) -> None:
         conn = await asyncpg.connect(self.server.dsn)
         try:
@@ -89,7 +111,11 @@ class PostgresHarness(Harness):
             await conn.close()
 
     async def leftovers(self) -> list[str]:
-        """Advisory locks still granted to a session of one of this test's clients."""
+        """Advisory locks still granted to a session of one of this test's clients.
+
+        Covers every primitive: a read-write lock's key, a semaphore's slots
+        and its gate are advisory locks of the holder's (or waiter's) session too.
+        """
         return await self.granted_to(*self._clients)
 
     async def granted_to(self, *clients: asynclock.Locks) -> list[str]:

@@ -25,9 +25,9 @@ globals().update({name: getattr(contract, name) for name in dir(contract) if nam
 
 #: The backends that serve each primitive (the contract runs on each pair).
 SHAPES: dict[str, list[str]] = {
-    "fair": ["memory", "redis", "zookeeper"],
-    "write": ["memory", "redis", "zookeeper"],
-    "semaphore": ["memory", "redis", "zookeeper"],
+    "fair": ["memory", "redis", "zookeeper", "postgres"],
+    "write": ["memory", "redis", "zookeeper", "postgres"],
+    "semaphore": ["memory", "redis", "zookeeper", "postgres"],
 }
 PAIRS = [f"{backend}/{shape}" for shape, backends in SHAPES.items() for backend in backends]
 

@@ -278,6 +278,7 @@ class _Hold:
     ttl: float
     cleanup: str  # gives the connection back in a known state (locks and settings undone)
     cleanup_args: tuple[Any, ...] = ()
+    listener: tuple[str, Callable[..., None]] | None = field(default=None, repr=False)  # to UNLISTEN
     hooks: BackendHooks | None = field(default=None, repr=False)
     count: int = 1
     lost: bool = False
@@ -293,7 +294,8 @@ class _Attempt:
     dirty: bool = False  # a lock statement was sent: something may be locked or set
     before: tuple[str, str | None] | None = None  # the settings the grant replaced
     reset_check: bool = False  # client_connection_check_interval was set for this wait
-    channel: str | None = None  # LISTENing on it (a semaphore's waiter); releases NOTIFY it
+    notify: str | None = None  # a semaphore's channel: giving the connection back NOTIFYs it
+    listener: Callable[..., None] | None = None  # LISTENing on that channel (a waiter) with this callback
 
 
 class PostgresBackend:
@@ -398,8 +400,6 @@ class PostgresBackend:
         """Every shape: the fair lock (the plain lock itself), read-write lock, semaphore."""
         if shape == LOCK:
             return self
-        if shape.kind != "lock":  # not wired in yet
-            raise unsupported(self.kind, shape)
         return _PostgresShape(self, shape)
 
     def _app_name(self, name: str, hold: str) -> str:
@@ -570,6 +570,8 @@ class PostgresBackend:
         # $2 idle_session_timeout.
         idle_back = ", set_config('idle_session_timeout', $2, false)" if self._pg14 else ", $2::text"
         self._sql["release"] = f"SELECT pg_advisory_unlock_all(), set_config('application_name', $1, false){idle_back}"
+        # A semaphore's: $3 its channel, whose head waiter then tries again.
+        self._sql["release_notify"] = self._sql["release"] + ", pg_notify($3, '')"
 
     def _cleanup_sql(self, attempt: _Attempt) -> str:
         """Undo a lease connection's locks and settings (simple protocol: one round trip)."""
@@ -580,9 +582,9 @@ class PostgresBackend:
             parts.append("RESET idle_session_timeout")
         if attempt.reset_check:
             parts.append("RESET client_connection_check_interval")
-        if attempt.channel is not None:
-            # A permit (or the head's place) was given back: the next waiter tries again.
-            parts += ["UNLISTEN *", f"SELECT pg_notify('{attempt.channel}', '')"]
+        if attempt.notify is not None:
+            # A permit (or the head's place) was given back: the head waiter tries again.
+            parts.append(f"SELECT pg_notify('{attempt.notify}', '')")
         return "; ".join(parts)
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
@@ -628,7 +630,9 @@ class PostgresBackend:
             try:
                 if conn is not None:
                     # Whatever the statement got, give it back before the error goes on.
-                    await self._give_back(conn, self._cleanup_sql(attempt) if attempt.dirty else None, ttl)
+                    await self._give_back(
+                        conn, self._cleanup_sql(attempt) if attempt.dirty else None, ttl, listener=_listening(attempt)
+                    )
             finally:
                 slots.release()
             raise
@@ -638,7 +642,9 @@ class PostgresBackend:
             # outlives the statement's error, so the clean-up unlocks it. A
             # try that said no got nothing and set nothing.
             try:
-                await self._give_back(conn, self._cleanup_sql(attempt) if attempt.dirty else None, ttl)
+                await self._give_back(
+                    conn, self._cleanup_sql(attempt) if attempt.dirty else None, ttl, listener=_listening(attempt)
+                )
             finally:
                 slots.release()
         return result
@@ -680,6 +686,7 @@ class PostgresBackend:
         gate = gate_key(self._prefix, name)
         highs, lows = _slot_arrays(self._prefix, name, shape.permits)
         args = (gate[0], gate[1], highs, lows, self._row(shape, name), self._app_name(name, hold), _ms(ttl))
+        attempt.notify = _channel(self._prefix, name)
         sent = loop.time()
         attempt.dirty = True
         async with _edge(), asyncio.timeout_at(sent + ttl):
@@ -698,11 +705,10 @@ class PostgresBackend:
         def on_release(*_: Any) -> None:
             released.set()
 
-        channel = _channel(self._prefix, name)
         attempt.dirty = True
-        attempt.channel = channel
+        attempt.listener = on_release
         async with _edge(), asyncio.timeout_at(loop.time() + ttl):
-            await conn.add_listener(channel, on_release)
+            await conn.add_listener(attempt.notify, on_release)
         lock_timeout = "0" if deadline is None else _ms(max(deadline - loop.time(), 0.001))
         row = await self._wait(conn, ttl, deadline, self._sql["sem_gate"], gate[0], gate[1], lock_timeout, _ms(ttl))
         if row is None or not row["ok"]:
@@ -759,11 +765,14 @@ class PostgresBackend:
     ) -> None:
         """Record a granted hold and watch its connection; raises if the connection is already gone."""
         args: tuple[Any, ...]
-        if attempt.before is not None and not attempt.reset_check and attempt.channel is None:
+        if attempt.before is not None and not attempt.reset_check:
             cleanup, args = self._sql["release"], attempt.before
+            if attempt.notify is not None:
+                cleanup, args = self._sql["release_notify"], (*attempt.before, attempt.notify)
         else:
             cleanup, args = self._cleanup_sql(attempt), ()
         record = _Hold(name=name, shape=shape, conn=conn, ttl=ttl, cleanup=cleanup, cleanup_args=args, hooks=hooks)
+        record.listener = _listening(attempt)
         record.on_close = self._on_close_callback(hold, record)
         with contextlib.suppress(asyncpg.InterfaceError):  # a proxy the pool took back: closed
             conn.add_termination_listener(record.on_close)
@@ -839,7 +848,13 @@ class PostgresBackend:
         return on_close
 
     async def _give_back(
-        self, conn: Any, cleanup: str | None, ttl: float, *args: Any, wait_for_pool: bool = True
+        self,
+        conn: Any,
+        cleanup: str | None,
+        ttl: float,
+        *args: Any,
+        listener: tuple[str, Callable[..., None]] | None = None,
+        wait_for_pool: bool = True,
     ) -> bool:
         """Return ``conn`` to the pool in a known state (``cleanup`` run), else close it.
 
@@ -857,6 +872,8 @@ class PostgresBackend:
             return False
         try:
             async with asyncio.timeout(bound):
+                if listener is not None:
+                    await conn.remove_listener(*listener)  # UNLISTEN, and the callback is gone
                 if cleanup is not None:
                     await conn.execute(cleanup, *args)
                 # (None: nothing was granted, so nothing was set either.)
@@ -937,7 +954,9 @@ class PostgresBackend:
                     _terminate(conn)
             # Whether it goes back clean or is closed (ending the session), the
             # server no longer holds the lock for this hold.
-            await self._give_back(conn, record.cleanup, record.ttl, *record.cleanup_args, wait_for_pool=False)
+            await self._give_back(
+                conn, record.cleanup, record.ttl, *record.cleanup_args, listener=record.listener, wait_for_pool=False
+            )
         except BaseException:
             _terminate(conn)
             raise
@@ -1214,6 +1233,13 @@ class _PostgresShape:
 
     async def aclose(self) -> None:
         """Nothing of its own: the backend's ``aclose`` ends every hold and the pool."""
+
+
+def _listening(attempt: _Attempt) -> tuple[str, Callable[..., None]] | None:
+    """The (channel, callback) an attempt LISTENs with, if it does."""
+    if attempt.notify is None or attempt.listener is None:
+        return None
+    return attempt.notify, attempt.listener
 
 
 async def _no_reset(conn: Any) -> None:
