@@ -57,7 +57,7 @@ MODES = {"fair": "x", "write": "x", "read": "r", "semaphore": "s"}
 #: Key family of each shape (both sides of a read-write lock are one resource).
 FAMILIES = {"fair": "fair", "write": "rw", "read": "rw", "semaphore": "sem"}
 #: Holds renewed by one script call (two keys each).
-RENEW_CHUNK = 500
+RENEW_CHUNK = 1000
 #: Longest pause between retries of a request that failed.
 RETRY_MAX = 1.0
 
@@ -298,11 +298,12 @@ class Handovers:
         listener = backend._listener
         if listener is None:
             raise BackendUnavailable("the Redis backend is closed")
-        if self._routing is None or (self._routing.done() and self._routing.exception() is not None):
-            self._routing = asyncio.get_running_loop().create_task(
+        routing = self._routing
+        if routing is None or (routing.done() and (routing.cancelled() or routing.exception() is not None)):
+            routing = self._routing = asyncio.get_running_loop().create_task(
                 listener.route(self.channel, self.handle, self.resync), name="asynclock-redis-route"
             )
-        await asyncio.shield(self._routing)
+        await asyncio.shield(routing)
 
     def expect(self, hold: str) -> _Ticket:
         ticket = self._tickets[hold] = _Ticket()
