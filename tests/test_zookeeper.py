@@ -30,7 +30,18 @@ from hypothesis import strategies as st
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.backends._zk_session import EPHEMERAL, SEQUENTIAL
+from asynclock.backends._zk_session import (
+    EPHEMERAL,
+    SEQUENTIAL,
+    ZStat,
+    _parse_children,
+    _parse_created,
+    _parse_exists,
+    children_request,
+    create_request,
+    delete_request,
+    exists_request,
+)
 from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders, _Node, escape_name, parse_url
 from tests.harness import eventually
 from tests.harness_zookeeper import ZooKeeperHarness
@@ -220,6 +231,40 @@ async def test_foreign_contenders_count_by_sequence_number(zk: ZooKeeperHarness)
     await admin.delete(f"{lock.key}/readme")
 
 
+@pytest.mark.parametrize("path", ["/a", "/asynclock/p/_c_3f8a-lock-", "/é/日本/%2F", "/x" * 300])
+def test_hand_serialised_requests_and_replies_match_aiozk(path: str) -> None:
+    acl = [protocol.UNRESTRICTED_ACCESS]
+    pairs = [
+        (create_request(path, EPHEMERAL | SEQUENTIAL), protocol.Create2Request(path=path, data=b"", acl=acl, flags=3)),
+        (create_request(path, 0), protocol.Create2Request(path=path, data=b"", acl=acl, flags=0)),
+        (children_request(path), protocol.GetChildrenRequest(path=path, watch=False)),
+        (children_request(path, watch=True), protocol.GetChildrenRequest(path=path, watch=True)),
+        (delete_request(path), protocol.DeleteRequest(path=path, version=-1)),
+        (delete_request(path, 7), protocol.DeleteRequest(path=path, version=7)),
+        (exists_request(path), protocol.ExistsRequest(path=path, watch=False)),
+        (exists_request(path, watch=True), protocol.ExistsRequest(path=path, watch=True)),
+    ]
+    for ours, theirs in pairs:
+        assert ours.opcode == theirs.opcode
+        assert ours.serialize(12345) == theirs.serialize(12345), type(theirs).__name__
+    container = create_request(path, 4, container=True)
+    assert container.opcode == 19 and container.body == create_request(path, 4).body
+    stat = struct.pack("!qqqqiiiqiiq", 2**40 + 1, 2, 3, 4, 5, 6, 7, 0x1234, 9, 10, 11)
+    created = struct.pack("!i", len(path.encode())) + path.encode() + stat
+    mine = _parse_created(created)
+    aiozk_reply = protocol.Create2Response.deserialize(created)
+    assert mine.path == aiozk_reply.path
+    for field in ZStat._fields:
+        assert getattr(mine.stat, field) == getattr(aiozk_reply.stat, field), field
+    assert _parse_exists(stat).stat == mine.stat
+    names = [path.strip("/")[:50], "b", ""]
+    listing = struct.pack("!i", len(names)) + b"".join(struct.pack("!i", len(n.encode())) + n.encode() for n in names)
+    assert _parse_children(listing).children == list(protocol.GetChildrenResponse.deserialize(listing).children)
+    assert _parse_children(struct.pack("!i", -1)).children == []
+    with pytest.raises(ValueError):
+        _parse_created(struct.pack("!i", 500) + b"short")
+
+
 def test_contenders_sort_numerically_not_by_name() -> None:
     children = ["b__lock__0000000010", "_c_x-lock-0000000002", "readme", "a-lock-0000000011", "c__lock__0000000001"]
     assert _contenders(children) == [
@@ -272,26 +317,27 @@ async def test_a_free_lock_costs_create_pipelined_children_and_delete(zk: ZooKee
     async with lock:
         pass  # connects and makes the lock's parents
     session = backend_of(locks).session
+    names = {15: "create2", 8: "getChildren", 3: "exists", 4: "getData", 2: "delete"}
     sent: list[tuple[str, bool]] = []
     original = session._send
 
     def spy(conn: Any, request: Any, path: str, watch: Any = None) -> asyncio.Future[Any]:
-        sent.append((type(request).__name__, bool(conn.pending)))
+        sent.append((names.get(int(request.opcode), str(request.opcode)), bool(conn.pending)))
         return original(conn, request, path, watch)
 
     session._send = spy  # type: ignore[method-assign]
     lease = await lock.acquire()
     # the children were asked for before the create was answered
-    assert sent == [("Create2Request", False), ("GetChildrenRequest", True)]
+    assert sent == [("create2", False), ("getChildren", True)]
     key = lock.key
     [holder] = await (await zk.admin()).contenders(key)
     sid = backend_of(locks).session.session_id
     assert sid not in _watchers_by_path(zk.server.port).get(holder, set())
     # the first renewal sets the deletion watch, in its exists request
-    await eventually(lambda: any(name == "ExistsRequest" for name, _ in sent), scaled(5), "a renewal")
+    await eventually(lambda: any(name == "exists" for name, _ in sent), scaled(5), "a renewal")
     watched = _watchers_by_path(zk.server.port).get(holder, set())
     assert sid in watched
-    assert not [name for name, _ in sent if name == "GetDataRequest"]
+    assert not [name for name, _ in sent if name == "getData"]
     # and deleting the node now loses the lease through that watch, not a later renewal
     assert await zk.expire("cheap")
     reason = await asyncio.wait_for(lease.wait_lost(), scaled(5))

@@ -74,6 +74,10 @@ from ._zk_session import (
     ZkConnectionLoss,
     ZkError,
     ZkSession,
+    children_request,
+    create_request,
+    delete_request,
+    exists_request,
 )
 
 __all__ = ["ZooKeeperBackend", "escape_name"]
@@ -103,16 +107,6 @@ _RESERVED = (_RW_DIR, _SEM_DIR)
 
 #: Given the contenders (in order) and our node's name: do we hold, and which node to watch.
 Rule = Callable[[list[str], str], tuple[bool, str | None]]
-
-
-class _CreateContainerRequest(protocol.Create2Request):  # type: ignore[misc]
-    """ZooKeeper's createContainer (opcode 19): a parent that the server removes once empty."""
-
-    opcode = 19
-
-
-class _CreateContainerResponse(protocol.Create2Response):  # type: ignore[misc]
-    opcode = 19
 
 
 def _unsafe(char: str) -> bool:
@@ -387,7 +381,7 @@ class ZooKeeperBackend:
             return False
         try:
             await session.wait_connected(self._op_timeout())
-            await session.call(protocol.DeleteRequest(path=node.path, version=-1), node.path)
+            await session.call(delete_request(node.path), node.path)
         except ZkError as exc:
             if exc.code != NO_NODE:
                 self._finish_later(node)
@@ -425,13 +419,13 @@ class ZooKeeperBackend:
                 node.armed = session.connection_seq
                 futures.append(
                     session.submit(
-                        protocol.ExistsRequest(path=node.path, watch=True),
+                        exists_request(node.path, watch=True),
                         node.path,
                         watch=("data", self._held_watch(node)),
                     )
                 )
             else:
-                futures.append(session.submit(protocol.ExistsRequest(path=node.path, watch=False), node.path))
+                futures.append(session.submit(exists_request(node.path), node.path))
         if all(future is None for future in futures):
             await session.ping()  # still one round trip, so nothing is answered from stale state
         results: list[bool | BaseException] = []
@@ -461,7 +455,7 @@ class ZooKeeperBackend:
     async def _children(self, path: str) -> list[str]:
         """The contenders among the children of ``path``, in order ([] if it does not exist)."""
         try:
-            reply = await self._session.call(protocol.GetChildrenRequest(path=path, watch=False), path)
+            reply = await self._session.call(children_request(path), path)
         except ZkError as exc:
             if exc.code != NO_NODE:
                 raise
@@ -488,7 +482,7 @@ class ZooKeeperBackend:
                 break
             first = f"{nodes}/{holders[0]}"
             try:
-                stat = await session.call(protocol.ExistsRequest(path=first, watch=False), first)
+                stat = await session.call(exists_request(first), first)
             except ZkError as exc:
                 if exc.code != NO_NODE:
                     raise
@@ -517,7 +511,7 @@ class ZooKeeperBackend:
         session = self._session
         await session.wait_connected(self._op_timeout())
         try:
-            reply = await session.call(protocol.GetChildrenRequest(path=self._base, watch=False), self._base)
+            reply = await session.call(children_request(self._base), self._base)
         except ZkError as exc:
             if exc.code == NO_NODE:
                 return []
@@ -657,7 +651,7 @@ class ZooKeeperBackend:
 
     def _list(self, path: str, watch: WatchCallback | None = None) -> asyncio.Future[Any]:
         """Send a getChildren of ``path`` now (with a children watch calling ``watch``)."""
-        request = protocol.GetChildrenRequest(path=path, watch=watch is not None)
+        request = children_request(path, watch=watch is not None)
         return self._session.submit(request, path, watch=None if watch is None else ("child", watch))
 
     async def _create(
@@ -678,9 +672,7 @@ class ZooKeeperBackend:
                 return None
             node.session = session.session_id
             node.uncertain = True
-            request = protocol.Create2Request(
-                path=base, data=b"", acl=[protocol.UNRESTRICTED_ACCESS], flags=EPHEMERAL | SEQUENTIAL
-            )
+            request = create_request(base, EPHEMERAL | SEQUENTIAL)
             future = node.create_future = session.submit(request, base)
             listing: asyncio.Future[Any] | None = None
             with contextlib.suppress(ZkConnectionLoss):  # the create's own answer tells
@@ -716,7 +708,7 @@ class ZooKeeperBackend:
         """After a lost create answer: find our node by its GUID; keep it if this session owns it."""
         session = self._session
         try:
-            reply = await session.call(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
+            reply = await session.call(children_request(node.dir), node.dir)
         except ZkError as exc:
             if exc.code != NO_NODE:
                 raise
@@ -727,7 +719,7 @@ class ZooKeeperBackend:
         for child in ours:
             path = f"{node.dir}/{child}"
             try:
-                stat = await session.call(protocol.ExistsRequest(path=path, watch=False), path)
+                stat = await session.call(exists_request(path), path)
             except ZkError as exc:
                 if exc.code == NO_NODE:
                     continue
@@ -749,10 +741,7 @@ class ZooKeeperBackend:
         for depth in range(1, len(parts) + 1):
             current = "/" + "/".join(parts[:depth])
             container = depth > chroot_depth
-            request_class = _CreateContainerRequest if container else protocol.Create2Request
-            request = request_class(
-                path=current, data=b"", acl=[protocol.UNRESTRICTED_ACCESS], flags=CONTAINER if container else 0
-            )
+            request = create_request(current, CONTAINER if container else 0, container=container)
             try:
                 await session.call(request, current)
             except ZkError as exc:
@@ -761,7 +750,7 @@ class ZooKeeperBackend:
 
     async def _delete_quietly(self, path: str) -> None:
         with contextlib.suppress(LockError):
-            await self._session.call(protocol.DeleteRequest(path=path, version=-1), path)
+            await self._session.call(delete_request(path), path)
 
     async def _abandon(self, *nodes: _Node | None) -> None:
         """Leave the queue: delete our nodes, waiting a bounded time (then it goes on in the background)."""
@@ -801,7 +790,7 @@ class ZooKeeperBackend:
                     if not session.connected:
                         raise ZkConnectionLoss("disconnected during delete")
                     return
-                reply = await session.call(protocol.GetChildrenRequest(path=node.dir, watch=False), node.dir)
+                reply = await session.call(children_request(node.dir), node.dir)
                 for child in reply.children:
                     if node.guid in child:
                         await self._delete_quietly(f"{node.dir}/{child}")
