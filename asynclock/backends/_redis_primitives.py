@@ -73,20 +73,24 @@ local now = math.floor(now_us / 1000)
 local function num(x) return string.format('%.0f', x) end
 
 -- a pair of keys written together (holds and data, or queue and waiting) lives
--- at least ms more; never shortened, other entries may need longer
+-- at least ms more; never shortened (other entries may need longer), and
+-- extended to twice that, so that most requests need no PEXPIRE
 local function keep(a, b, ms)
   local p = redis.call('PTTL', a)
   if p ~= -2 and p < ms then
-    redis.call('PEXPIRE', a, ms)
-    redis.call('PEXPIRE', b, ms)
+    redis.call('PEXPIRE', a, 2 * ms)
+    redis.call('PEXPIRE', b, 2 * ms)
   end
 end
 
+-- drop expired holds; how many
 local function prune()
-  for _, h in ipairs(redis.call('ZRANGEBYSCORE', H, '-inf', num(now))) do
+  local gone = redis.call('ZRANGEBYSCORE', H, '-inf', num(now))
+  for _, h in ipairs(gone) do
     redis.call('ZREM', H, h)
     redis.call('HDEL', D, h)
   end
+  return #gone
 end
 
 local function fits(mode, permits)
@@ -139,7 +143,8 @@ end
 # ARGV[1] hold id, ARGV[2] mode (x, r, s), ARGV[3] permits, ARGV[4] ttl in ms
 # (of the hold, and of the queue entry until the next poll), ARGV[5] 1: queue
 # (or stay queued) if it cannot be had now, 0: never queue, ARGV[6] the
-# channel of the caller's client, ARGV[7] fence counter lifetime in ms
+# channel of the caller's client, ARGV[7] fence counter lifetime in ms, ARGV[8]
+# 1 on the first request of this hold id (it cannot hold or be queued yet)
 # returns {1, token} if ARGV[1] holds it now (just taken, or already: a retry,
 # a poll after a hand-over; its expiry is reset to ARGV[4]), or {0, ms until
 # the first holder's lease ends (-1: no holder, or not asked), 1 if ARGV[1]
@@ -148,13 +153,22 @@ ACQUIRE = (
     _PRELUDE
     + """
 local hold, mode, permits, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-prune()
-local head = serve(permits, ARGV[7])
-local d = redis.call('HGET', D, hold)
-if d then
-  redis.call('ZADD', H, num(now + ttl), hold)
-  keep(H, D, ttl)
-  return {1, string.match(d, '^%a (%d+)')}
+local head
+if prune() == 0 and mode == 'x' and redis.call('ZCARD', H) > 0 then
+  -- held, and no hold ended since the last script served the queue: an
+  -- exclusive request does not fit, and serving could at most drop dead
+  -- entries (or, for readers behind a dead writer, wait for the next request)
+  head = true
+else
+  head = serve(permits, ARGV[7])
+end
+if ARGV[8] ~= '1' then
+  local d = redis.call('HGET', D, hold)
+  if d then
+    redis.call('ZADD', H, num(now + ttl), hold)
+    keep(H, D, ttl)
+    return {1, string.match(d, '^%a (%d+)')}
+  end
 end
 if head == nil and fits(mode, permits) then
   return {1, grant(hold, mode, ttl, ARGV[7])}
@@ -162,7 +176,7 @@ end
 -- not free (somebody holds it or is queued: never empty, nothing to tidy)
 if ARGV[5] ~= '1' then return {0, -1, 0} end
 local first_in_line
-if head ~= nil and redis.call('HGET', W, hold) then
+if ARGV[8] ~= '1' and head ~= nil and redis.call('HGET', W, hold) then
   first_in_line = head == hold or (head == true and redis.call('LINDEX', Q, 0) == hold)
 else
   first_in_line = redis.call('RPUSH', Q, hold) == 1
@@ -238,8 +252,8 @@ for i = 1, #ARGV / 2 do
   if s and tonumber(s) > now then
     redis.call('ZADD', h, string.format('%.0f', now + ttl), hold)
     if redis.call('PTTL', h) < ttl then
-      redis.call('PEXPIRE', h, ttl)
-      redis.call('PEXPIRE', d, ttl)
+      redis.call('PEXPIRE', h, 2 * ttl)
+      redis.call('PEXPIRE', d, 2 * ttl)
     end
     out[i] = 1
   else
@@ -370,11 +384,15 @@ class RedisQueued:
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
         raise NotImplementedError("queued shapes use wait_acquire")
 
-    async def _enter(self, name: str, hold: str, ttl: float, queue: bool, handovers: Handovers) -> tuple[int, int]:
+    async def _enter(
+        self, name: str, hold: str, ttl: float, queue: bool, handovers: Handovers, first: bool = False
+    ) -> tuple[int, int]:
         """One ACQUIRE: (token, 0) if held now, else (-1, hint).
 
         ``hint``: for the head of the queue, ms until the first holder's lease
         ends (-1: no holder); -2 for everyone else (they poll at their own pace).
+        ``first``: the first request of ``hold`` (not a retry), which skips the
+        look-ups that make retries idempotent.
         """
         answer = await _call(
             self._acquire(
@@ -387,6 +405,7 @@ class RedisQueued:
                     1 if queue else 0,
                     handovers.channel,
                     FENCE_LIFETIME_MS,
+                    1 if first else 0,
                 ],
             )
         )
@@ -409,10 +428,11 @@ class RedisQueued:
             # for a request window when it does not reach the server.
             window = min(ttl / 3, 1.0)
             delay = 0.02
+            first = True
             while True:
                 sent = loop.time()
                 try:
-                    token, hint = await self._enter(name, hold, ttl, queue, handovers)
+                    token, hint = await self._enter(name, hold, ttl, queue, handovers, first)
                     break
                 except BackendUnavailable:
                     # Like the plain lock: a caller that waits for ever gives up
@@ -420,6 +440,7 @@ class RedisQueued:
                     limit = started + ttl if deadline is None else max(started + window, deadline)
                     if self._closed or loop.time() + delay >= limit:
                         raise
+                    first = False  # it may have gone through
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX)
             if token >= 0:
