@@ -94,6 +94,8 @@ class Locks:
         self._hubs: dict[Shape, WakeHub] = {}
         # (read-write lock name, owner) -> read acquisitions joined to that owner's write hold
         self._joined: dict[tuple[str, str], int] = {}
+        # waits in a server's queue (wait_acquire tasks) in progress: aclose cancels them
+        self._queued: set[asyncio.Task[Any]] = set()
         self._background: set[asyncio.Task[Any]] = set()
         self._hold_seq = itertools.count(1)
         self._keeper: LeaseKeeper | None = None
@@ -181,6 +183,9 @@ class Locks:
         self._closed = True
         for hub in self._hubs.values():
             hub.wake_all()  # waiting acquires of other tasks see the client closed
+        queued = list(self._queued)
+        for task in queued:
+            task.cancel()  # and those queued on the server leave the queue
         if self._keeper is not None:
             leases = self._keeper.holds()
             me = current_owner()
@@ -205,6 +210,11 @@ class Locks:
                     return_exceptions=True,
                 )
             await self._keeper.aclose()
+        if queued:
+            # Let them leave the queue (and their acquires start any clean-up) before closing.
+            await asyncio.wait(queued, timeout=2 * _REQUEST_WINDOW)
+            for _ in range(3):  # the acquires wake one turn after their wait ends, and spawn clean-ups
+                await asyncio.sleep(0)
         if self._background:
             _, pending = await asyncio.wait(list(self._background), timeout=2 * _REQUEST_WINDOW)
             for task in pending:
@@ -717,7 +727,11 @@ class Lock:
             backend=self._backend,
             shape=self._shape,
         )
+        if locks._closed:
+            raise BackendUnavailable(_CLOSED)
         task = loop.create_task(backend.wait_acquire(self.name, hold, self.ttl, timeout))
+        locks._queued.add(task)  # closing the client cancels it
+        task.add_done_callback(locks._queued.discard)
         # The backend bounds its own wait; this outer bound only guards against
         # one that does not (a request window of grace past the timeout).
         outer = None if timeout is None else started + timeout + min(lease._lease_time / 3, _REQUEST_WINDOW) + 1.0
@@ -727,6 +741,11 @@ class Lock:
         except asyncio.CancelledError:
             task.cancel()  # the backend leaves the queue; if it got the lock anyway, give it back
             await _settle(locks, self._rollback(task, lease), min(lease._lease_time / 3, _REQUEST_WINDOW))
+            current = asyncio.current_task()
+            if locks._closed and task.cancelled() and current is not None and not current.cancelling():
+                # Not our caller's cancellation: the client was closed under the wait.
+                locks._emit("timeout", self.name, owner, None, wait_s=loop.time() - started)
+                raise BackendUnavailable(_CLOSED) from None
             raise
         except (LockError, OSError, TimeoutError) as exc:
             if not task.done():  # our outer bound fired: leave the queue, time is up

@@ -370,3 +370,18 @@ async def test_cancelling_waiters_of_every_primitive_leaves_nothing(
     if backend in SUPPORT["semaphore"]:
         async with other.semaphore("c", permits=1):
             pass
+
+
+async def test_closing_the_client_ends_a_queued_fair_acquire(fair_harness: Harness) -> None:
+    """A fair acquire queued on the server when its client is closed ends with
+    BackendUnavailable at once (not when the holder lets go), and leaves the queue."""
+    holder, closing = fair_harness.connect(ttl=TTL), fair_harness.connect(ttl=TTL)
+    lock = holder.lock("closed-queue", fair=True)
+    await lock.acquire()
+    waiting = asyncio.create_task(closing.lock("closed-queue", fair=True).acquire())
+    await queued(lock, 1)
+    await closing.aclose()
+    with pytest.raises(asynclock.BackendUnavailable, match="closed"):
+        await asyncio.wait_for(waiting, scaled(5))
+    await queued(lock, 0)
+    await lock.release()
