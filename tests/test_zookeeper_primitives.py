@@ -19,7 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from asynclock.abc import Shape
 from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders
 from tests.harness_zookeeper import ZooKeeperHarness
 from tests.servers import scaled
+from tests.servers.proxy import TcpProxy
 from tests.servers.zookeeper import ZooKeeperServer, four_letter
 
 pytestmark = pytest.mark.anyio
@@ -293,6 +294,51 @@ async def test_cancelled_waiters_leave_no_node(zk: ZooKeeperHarness) -> None:
     await sem.release()
     await rw.read.release()
     assert await zk.leftovers() == []
+
+
+# -- session loss ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def proxy(zookeeper_server: ZooKeeperServer) -> Iterator[TcpProxy]:
+    with TcpProxy("127.0.0.1", zookeeper_server.port) as tcp:
+        yield tcp
+
+
+async def test_a_cut_holder_loses_its_read_hold_and_permit_before_others_get_them(
+    zk: ZooKeeperHarness, proxy: TcpProxy
+) -> None:
+    session_timeout = scaled(1.0)
+    holder = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=session_timeout, prefix=zk.prefix)
+    successor = zk.connect(ttl=scaled(3))
+    loop = asyncio.get_running_loop()
+    lost: dict[str, float] = {}
+
+    async def take(handle: asynclock.Lock) -> float:
+        async with handle:
+            return loop.time()
+        raise AssertionError("unreachable: the block returns or raises")
+
+    async def watch(what: str, lease: asynclock.Lease) -> None:
+        await lease.wait_lost()
+        lost[what] = loop.time()
+
+    async with holder:
+        read = await holder.rw_lock("cut").read.acquire()
+        permit = await holder.semaphore("cut", permits=1).acquire()
+        watchers_ = [asyncio.create_task(watch("read", read)), asyncio.create_task(watch("permit", permit))]
+        write = asyncio.create_task(take(successor.rw_lock("cut").write))
+        other = asyncio.create_task(take(successor.semaphore("cut", permits=1)))
+        await count_nodes(zk, holder.rw_lock("cut").write.key, 2)
+        proxy.blackhole()  # the holder's session expires on the server: its nodes go
+        try:
+            written, permitted = await asyncio.wait_for(asyncio.gather(write, other), scaled(20))
+            await asyncio.wait_for(asyncio.gather(*watchers_), scaled(5))
+        finally:
+            proxy.heal()
+    # each hold was given up (its body would have been cancelled) before anyone else got it
+    assert lost["read"] < written
+    assert lost["permit"] < permitted
 
 
 # -- a killed holder process -------------------------------------------------------------
