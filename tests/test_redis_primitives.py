@@ -305,18 +305,21 @@ async def test_a_sigkilled_holders_permit_comes_back_within_its_ttl(fresh: Redis
     async with children() as started:
         child = await Child.start(fresh.url, fresh.prefix, "sem", "pool", TTL, "0", "hold")
         started.append(child)
-        assert (await child.line()).startswith("held")
+        held, token = (await child.line()).split()
+        assert held == "held"
+        both = await sem.info()
+        assert len(both.holders) == 2
+        child_hold = next(hold for hold in both.holders if not hold.startswith(mine.client_id))
         with pytest.raises(LockTimeout):
             await other.semaphore("pool", permits=2).acquire(timeout=0)
         child.kill()
         await child.wait()
-        killed_at = asyncio.get_running_loop().time()
+        # Nobody renews the dead holder's permit: it comes back within its ttl (plus slack for a slow machine).
         lease = await other.semaphore("pool", permits=2).acquire(timeout=TTL + scaled(5))
-        assert asyncio.get_running_loop().time() >= killed_at
         info = await sem.info()
-        assert len(info.holders) == 2
+        assert len(info.holders) == 2 and child_hold not in info.holders
+        assert lease.token is not None and lease.token > int(token)
         await other.semaphore("pool", permits=2).release()
-        assert lease.token is not None
     await sem.release()
 
 

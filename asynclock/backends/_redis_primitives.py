@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendUnavailable
 from .._values import LockInfo
@@ -358,6 +358,7 @@ class RedisQueued:
         self._info = client.register_script(INFO)
         self._hooks: BackendHooks | None = None
         self._tickets: set[_Ticket] = set()  # of this adapter's acquires in progress
+        self._waiting: set[asyncio.Task[Any]] = set()  # the tasks running them
         self._closed = False
 
     # -- keys -----------------------------------------------------------------
@@ -423,6 +424,9 @@ class RedisQueued:
             await handovers.ready(self._backend)
         ticket = handovers.expect(hold)
         self._tickets.add(ticket)
+        me = asyncio.current_task()
+        if me is not None:
+            self._waiting.add(me)
         try:
             # The first request: retried (same hold id, the script is idempotent)
             # for a request window when it does not reach the server.
@@ -503,6 +507,8 @@ class RedisQueued:
         finally:
             handovers.forget(hold)
             self._tickets.discard(ticket)
+            if me is not None:
+                self._waiting.discard(me)
 
     async def _leave(self, name: str, hold: str, queued_at: float) -> Acquired | None:
         """Time is up: leave the queue, unless the lock was handed over meanwhile."""
@@ -568,3 +574,8 @@ class RedisQueued:
         self._closed = True
         for ticket in self._tickets:
             ticket.event.set()
+        # Let them leave the queue while the connection is still open (bounded:
+        # an entry that cannot be removed expires by itself).
+        waiting = [task for task in self._waiting if task is not asyncio.current_task()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=1.0)
