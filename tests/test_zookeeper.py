@@ -18,7 +18,7 @@ import shutil
 import struct
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -343,6 +343,48 @@ async def test_a_free_lock_costs_create_pipelined_children_and_delete(zk: ZooKee
     reason = await asyncio.wait_for(lease.wait_lost(), scaled(5))
     assert "lock node was deleted" in reason, reason
     assert not lock.held
+
+
+async def test_the_next_in_line_takes_over_on_the_deletion_event_without_reading_again(zk: ZooKeeperHarness) -> None:
+    holder, waiter, third = (zk.connect(ttl=scaled(2)) for _ in range(3))
+    await holder.lock("next").acquire()
+    waiting = asyncio.create_task(_take(waiter.lock("next")))
+    key = holder.lock("next").key
+    admin = await zk.admin()
+    for _ in range(500):
+        if len(await admin.contenders(key)) == 2:
+            break
+        await asyncio.sleep(0.01)
+    last = asyncio.create_task(_take(third.lock("next")))
+    for _ in range(500):
+        if len(await admin.contenders(key)) == 3:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # both have read the queue and set their watch
+    sent: list[tuple[str, int]] = []
+    for who, client in (("waiter", waiter), ("third", third)):
+        session = backend_of(client).session
+        original = session._send
+
+        def spy(
+            conn: Any,
+            request: Any,
+            path: str,
+            watch: Any = None,
+            who: str = who,
+            original: Callable[..., asyncio.Future[Any]] = original,
+        ) -> asyncio.Future[Any]:
+            sent.append((who, int(request.opcode)))
+            return original(conn, request, path, watch)
+
+        session._send = spy  # type: ignore[method-assign]
+    await holder.lock("next").release()
+    token, lost = await asyncio.wait_for(waiting, scaled(5))
+    assert token is not None and not lost
+    # the waiter read no children (8) between the holder's release and its own delete (2)
+    ops = [op for who, op in sent if who == "waiter"]
+    assert 2 in ops and 8 not in ops[: ops.index(2)], sent
+    await asyncio.wait_for(last, scaled(5))
 
 
 def _watchers_by_path(port: int) -> dict[str, set[int]]:

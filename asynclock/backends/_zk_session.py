@@ -98,6 +98,9 @@ _MAX_FRAME = 64 * 1024 * 1024
 #: Longest pause between two rounds of connection attempts, in seconds.
 _MAX_ROUND_PAUSE = 0.5
 
+#: A watch's callback, called once with ``"deleted"`` (the node went),
+#: ``"event"`` (any other change) or ``"disconnected"`` (the watch is gone
+#: with its connection: read again after the reconnect).
 WatchCallback = Callable[[str], None]
 
 
@@ -628,9 +631,10 @@ class ZkSession:
             kinds = ("child",)
         else:
             kinds = ("data",)
+        what = "deleted" if event.type == _EVENT_DELETED else "event"
         for kind in kinds:
             for callback in self._watches.pop((kind, event.path), []):
-                _run_callback(callback, "event")
+                _run_callback(callback, what)
 
     async def _monitor(self, conn: _Conn) -> None:
         """Ping while idle (if wanted) and give up a connection that stopped answering."""

@@ -8,8 +8,10 @@ znode). Each acquisition creates one ephemeral sequential child
 Recipe: every child whose name ends in a 10-digit sequence number is a
 contender, whoever wrote it (Curator ``_c_…-lock-N``, kazoo ``…__lock__N``),
 ordered by that number. The lowest holds; every other contender watches only
-its immediate predecessor (no herd) and re-reads the children when that one
-goes, or after any reconnect (watches belong to a connection). A create whose
+its immediate predecessor (no herd). When that one goes and it was the only
+contender ahead, the waiter holds at once (a node is never created ahead of
+an existing one: the sequence only grows); otherwise it re-reads the
+children, as it does after any reconnect (watches belong to a connection). A create whose
 answer was lost with the connection is resolved by looking for the GUID among
 the children (and checking the node's ephemeralOwner is our session), never by
 creating blindly again. A waiter that gives up (timeout, cancellation, error)
@@ -578,8 +580,10 @@ class ZooKeeperBackend:
             if self._closed:
                 raise ZkConnectionLoss("the ZooKeeper client is closed")
             woken = asyncio.Event()
+            news: list[str] = []
 
-            def wake(what: str, woken: asyncio.Event = woken) -> None:
+            def wake(what: str, woken: asyncio.Event = woken, news: list[str] = news) -> None:
+                news.append(what)
                 woken.set()
 
             child_watch = wake if watch_children and waiting else None
@@ -645,6 +649,14 @@ class ZooKeeperBackend:
                         await woken.wait()
                 except TimeoutError:
                     return None
+                if ahead is not None and not watch_children and news[:1] == ["deleted"]:
+                    # Nodes are never created ahead of an existing one (the
+                    # sequence only grows), so if the rule holds without the
+                    # node that went, it holds now: no need to read again.
+                    holds, _ = rule([child for child in contenders if child != ahead], mine)
+                    if holds and self._alive(node) and session.connected:
+                        node.held = True
+                        return Acquired(node.czxid, confirmed_at=session.confirmed_at)
             finally:
                 if watched is not None:
                     session.unwatch(*watched, wake)
@@ -818,7 +830,7 @@ class ZooKeeperBackend:
 
         def fired(what: str) -> None:
             node.armed = -1
-            if what == "event" and not self._closed:
+            if what != "disconnected" and not self._closed:
                 self._arm(node)  # read it again: deleted, or just changed?
 
         return fired
