@@ -509,3 +509,17 @@ async def test_primitives_refused_with_replicas(redis_server: RedisServer) -> No
     with pytest.raises(NotImplementedError, match="replicas"):
         locks.semaphore("x", permits=2)
     await locks.aclose()
+
+
+async def test_scripts_are_reloaded_after_script_flush(fresh: RedisHarness, admin: aioredis.Redis) -> None:
+    locks = fresh.connect(ttl=TTL)
+    rw = locks.rw_lock("flushed")
+    async with rw.write as first:
+        await admin.script_flush()
+        async with rw.read:  # joins the write hold: set_count, a script call after the flush
+            pass
+    await admin.script_flush()
+    async with locks.semaphore("flushed", permits=2) as permit, rw.read as read:
+        assert read.token is not None and first.token is not None and read.token > first.token
+        assert permit.token is not None
+    assert await fresh.leftovers() == []
