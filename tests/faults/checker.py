@@ -240,7 +240,8 @@ def check(
             if others >= STARVED_HANDOVERS:
                 verdict.starved += 1
                 verdict.starvation.append(
-                    f"worker {log.index} waited {given_up - asked:.1f}s while others took the lock {others} times"
+                    f"worker {log.index} waited {given_up - asked:.1f}s while others took the lock {others} times "
+                    f"({what.split('; tasks:')[0]})"
                 )
             else:
                 verdict.violations.append(
