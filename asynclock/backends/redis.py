@@ -5,6 +5,11 @@ layout and the scripts). Waiting is woken by one pub/sub connection per
 client, opened by this module and shared by every lock of the client; a
 waiter also never sleeps past the holder's remaining PTTL, because a key
 that simply expires sends no message.
+
+The fair lock, the read-write lock and the semaphore are adapters
+(``_redis_primitives``): a server-side queue whose release script hands the
+lock to the head waiter, announced on a channel of that waiter's client
+alone, which the same pub/sub connection listens to (``_Listener.route``).
 """
 
 from __future__ import annotations
