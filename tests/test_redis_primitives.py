@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import LockTimeout
+from asynclock._lease import drift
 from asynclock.backends._redis_primitives import RedisQueued
 from asynclock.backends.redis import RedisBackend, _ms
 from tests.harness import RedisHarness, redis_backend
@@ -523,3 +524,42 @@ async def test_scripts_are_reloaded_after_script_flush(fresh: RedisHarness, admi
         assert read.token is not None and first.token is not None and read.token > first.token
         assert permit.token is not None
     assert await fresh.leftovers() == []
+
+
+async def _server_ms_left(admin: aioredis.Redis, key: str, hold: str) -> int:
+    """Milliseconds the server keeps ``hold`` (its ZSET score minus the server's TIME)."""
+    async with admin.pipeline(transaction=True) as pipe:
+        pipe.zscore(key, hold)
+        pipe.time()
+        score, (seconds, micros) = await pipe.execute()
+    assert score is not None
+    return int(score) - (seconds * 1000 + micros // 1000)
+
+
+@pytest.mark.parametrize("drop_message", [False, True])
+async def test_a_handed_over_lease_is_never_trusted_past_the_servers_expiry(
+    fresh: RedisHarness, admin: aioredis.Redis, drop_message: bool
+) -> None:
+    holder, waiter = fresh.connect(ttl=TTL), fresh.connect(ttl=TTL)
+    lock = holder.lock("trust", fair=True)
+    await lock.acquire()
+    waiting = Holder(waiter.lock("trust", fair=True))
+    await waiters(lock, 1)
+    backend = redis_backend(waiter)
+    listener = backend._listener
+    assert listener is not None
+    channel = backend.handovers().channel.encode()
+    real = listener._routes[channel]
+    if drop_message:  # the poll finds the hand-over instead
+        listener._routes[channel] = (lambda payload: None, real[1])
+    await asyncio.sleep(TTL / 2)  # the waiter has polled at least once meanwhile
+    await lock.release()
+    lease = await waiting.got()
+    listener._routes[channel] = real
+    info = await waiter.lock("trust", fair=True).info()
+    server_left = await _server_ms_left(admin, lock.key, info.owner or "")
+    # The client trusts the lease until confirmed_at + ttl - drift(ttl); read after the
+    # server's answer, confirmed_at + ttl is not later than the server's expiry.
+    local_left = (lease.expires_at + drift(TTL) - asyncio.get_running_loop().time()) * 1000
+    assert local_left <= server_left + 1, (local_left, server_left)  # + 1: the server counts whole ms
+    await waiting.release()
