@@ -563,3 +563,49 @@ async def test_a_handed_over_lease_is_never_trusted_past_the_servers_expiry(
     local_left = (lease.expires_at + drift(TTL) - asyncio.get_running_loop().time()) * 1000
     assert local_left <= server_left + 1, (local_left, server_left)  # + 1: the server counts whole ms
     await waiting.release()
+
+
+async def test_fair_lock_queue_and_hand_over_survive_a_sentinel_failover() -> None:
+    setup = SentinelSetup()
+    try:
+        await asyncio.to_thread(setup.start)
+        ttl = scaled(6)
+        prefix = f"f{random.getrandbits(32):x}"
+        async with (
+            asynclock.connect(setup.url, prefix=prefix, ttl=ttl) as holder,
+            asynclock.connect(setup.url, prefix=prefix, ttl=ttl) as other,
+        ):
+            lock = holder.lock("kept", fair=True)
+            lease = await lock.acquire()
+            order: list[str] = []
+
+            async def wait_for_it() -> None:
+                async with other.lock("kept", fair=True):
+                    order.append("waiter got it")
+
+            waiter = asyncio.create_task(wait_for_it())
+            await waiters(lock, 1)
+            replica = aioredis.Redis(host="127.0.0.1", port=setup.replica.port)
+            try:  # the hold and the queue entry reached the replica
+                async with asyncio.timeout(scaled(10)):
+                    while await replica.llen(f"{lock.key}:queue") != 1 or not await replica.exists(lock.key):
+                        await asyncio.sleep(0.02)
+            finally:
+                await replica.aclose()
+            old = setup.current_primary_port()
+            assert old is not None
+            setup.server_on(old).kill()
+            assert await asyncio.to_thread(setup.wait_failover, old) == setup.replica.port
+            # the hold is renewed on the new primary, the waiter is still queued there
+            renewed = lease.expires_at
+            async with asyncio.timeout(scaled(15)):
+                while lease.expires_at == renewed:
+                    await asyncio.sleep(0.05)
+            assert not lease.lost and not waiter.done()
+            await waiters(lock, 1)
+            order.append("released")
+            await lock.release()
+            await asyncio.wait_for(waiter, scaled(10))
+            assert order == ["released", "waiter got it"]
+    finally:
+        await asyncio.to_thread(setup.cleanup)
