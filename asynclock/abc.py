@@ -191,4 +191,4 @@ def unsupported(kind: str, shape: Shape, hint: str = "") -> NotImplementedError:
         "semaphore": "a semaphore",
         "lock": "a lock",
     }[shape.kind]
-    return NotImplementedError(f"the {kind} backend has no {what}" + (f"; {hint}" if hint else ""))
+    return NotImplementedError(f"the {kind} backend does not provide {what}" + (f"; {hint}" if hint else ""))
