@@ -7,19 +7,38 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from ._connect import connect
+from ._locks import Lock, Locks
 from ._values import LockInfo
 
+#: What ``--kind`` may name.
+KINDS = ("lock", "fair", "rw", "semaphore")
 
-async def collect(url: str, names: Sequence[str], *, prefix: str | None = None) -> list[LockInfo]:
-    """LockInfo for each name, or for every lock the backend can list under the prefix."""
+
+def handle(locks: Locks, kind: str, name: str) -> Lock:
+    """The handle whose ``info()`` shows the primitive ``kind`` of ``name``."""
+    if kind == "lock":
+        return locks.lock(name)
+    if kind == "fair":
+        return locks.lock(name, fair=True)
+    if kind == "rw":
+        return locks.rw_lock(name).read  # either side shows every holder of the lock
+    if kind == "semaphore":
+        return locks.semaphore(name, permits=1)  # the count does not change what the server says
+    raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
+
+
+async def collect(url: str, names: Sequence[str], *, prefix: str | None = None, kind: str = "lock") -> list[LockInfo]:
+    """LockInfo for each name, or for every plain lock the backend can list under the prefix."""
     async with connect(url, prefix=prefix) as locks:
         wanted = list(names)
+        handle(locks, kind, "probe")  # refuses an unknown kind, or one the backend lacks, before any I/O
         if not wanted:
             lister = getattr(locks.backend, "names", None)
-            if lister is None:
-                raise ValueError(f"the {locks.backend.kind} backend cannot list its locks: name them")
+            if lister is None or kind != "lock":
+                what = "locks" if kind == "lock" else f"{kind} primitives"
+                raise ValueError(f"the {locks.backend.kind} backend cannot list its {what}: name them")
             wanted = sorted(await lister())
-        return [await locks.lock(name).info() for name in wanted]
+        return [await handle(locks, kind, name).info() for name in wanted]
 
 
 def as_json(infos: Sequence[LockInfo]) -> str:
@@ -35,7 +54,7 @@ def as_table(infos: Sequence[LockInfo]) -> str:
         rows.append(
             (
                 info.name,
-                info.owner or "-",
+                _holder(info),
                 str(info.hold_count) if info.owner else "-",
                 "-" if info.ttl is None else f"{info.ttl:.2f}s",
                 "-" if info.waiters is None else str(info.waiters),
@@ -48,12 +67,19 @@ def as_table(infos: Sequence[LockInfo]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _holder(info: LockInfo) -> str:
+    if info.owner is None:
+        return "-"
+    others = len(info.holders) - 1
+    return info.owner if others <= 0 else f"{info.owner} (+{others} more)"
+
+
 def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
-def snapshot(url: str, names: Sequence[str], *, prefix: str | None, json_output: bool) -> str:
+def snapshot(url: str, names: Sequence[str], *, prefix: str | None, json_output: bool, kind: str = "lock") -> str:
     import asyncio
 
-    infos = asyncio.run(collect(url, names, prefix=prefix))
+    infos = asyncio.run(collect(url, names, prefix=prefix, kind=kind))
     return as_json(infos) if json_output else as_table(infos)

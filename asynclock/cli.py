@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("names", nargs="*", metavar="NAME", help="lock names (default: every held lock)")
     inspect.add_argument("--prefix", help="key prefix the application uses (default: asynclock)")
     inspect.add_argument("--json", action="store_true", help="JSON instead of a table")
+    inspect.add_argument(
+        "--kind",
+        choices=("lock", "fair", "rw", "semaphore"),
+        default="lock",
+        help="which primitive the names are (default: lock); HOLDER shows one holder and how many more",
+    )
 
     worker = commands.add_parser("demo-worker")
     worker.add_argument("--url", required=True)
@@ -88,8 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._inspect import snapshot
 
         try:
-            print(snapshot(args.url, args.names, prefix=args.prefix, json_output=args.json))
-        except (LockError, ValueError, TypeError, OSError) as exc:
+            print(snapshot(args.url, args.names, prefix=args.prefix, json_output=args.json, kind=args.kind))
+        except (LockError, ValueError, TypeError, OSError, NotImplementedError) as exc:
             print(f"asynclock inspect: {exc}", file=sys.stderr)
             return 1
         return 0

@@ -20,6 +20,7 @@ import asynclock
 from asynclock.backends import memory
 from asynclock.otel import OtelMetrics
 from tests.servers import RedisServer, scaled
+from tests.servers.redis_topologies import RedisNodes
 
 TTL = scaled(0.6)
 
@@ -194,3 +195,72 @@ async def test_event_callbacks_run_from_the_loop_after_the_fact() -> None:
             assert calls == []  # delivered later from the loop, not inside acquire
         await asyncio.sleep(0)
         assert calls[:2] == ["acquired", "released"]
+
+
+PRIMITIVE_HOLDER = """
+import asyncio, sys
+import asynclock
+
+async def main() -> None:
+    async with asynclock.connect(sys.argv[1], prefix=sys.argv[2], ttl=30) as locks:
+        held = asyncio.Event()
+        done = asyncio.Event()
+
+        async def hold(handle) -> None:
+            async with handle:
+                held.set()
+                await done.wait()
+
+        tasks = [
+            asyncio.create_task(hold(locks.semaphore("gpu", permits=3))),
+            asyncio.create_task(hold(locks.semaphore("gpu", permits=3))),
+            asyncio.create_task(hold(locks.rw_lock("catalog").read)),
+        ]
+        while (await locks.semaphore("gpu", permits=3).info()).holders.__len__() < 2:
+            await asyncio.sleep(0.01)
+        print("held", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        done.set()
+        await asyncio.gather(*tasks)
+
+asyncio.run(main())
+"""
+
+
+def test_inspect_shows_every_holder_of_a_semaphore_and_a_read_lock(redis_server: RedisServer) -> None:
+    prefix = f"inspect{secrets.token_hex(3)}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PRIMITIVE_HOLDER, redis_server.url, prefix],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        done = _inspect(redis_server.url, "gpu", "--kind", "semaphore", "--prefix", prefix, "--json")
+        assert done.returncode == 0, done.stderr
+        (sem,) = json.loads(done.stdout)
+        assert len(sem["holders"]) == 2 and sem["owner"] in sem["holders"]
+        table = _inspect(redis_server.url, "gpu", "--kind", "semaphore", "--prefix", prefix)
+        assert table.returncode == 0, table.stderr
+        assert "(+1 more)" in table.stdout.splitlines()[1]
+        rw = _inspect(redis_server.url, "catalog", "--kind", "rw", "--prefix", prefix, "--json")
+        assert rw.returncode == 0, rw.stderr
+        assert len(json.loads(rw.stdout)[0]["holders"]) == 1
+        # the plain lock of the same name is another thing: free
+        plain = _inspect(redis_server.url, "gpu", "--prefix", prefix, "--json")
+        assert json.loads(plain.stdout)[0]["owner"] is None
+        # listing needs names for primitives
+        listing = _inspect(redis_server.url, "--kind", "fair", "--prefix", prefix)
+        assert listing.returncode == 1 and "name them" in listing.stderr
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+
+
+def test_inspect_refuses_a_primitive_the_backend_lacks(redlock_nodes: RedisNodes) -> None:
+    done = _inspect(redlock_nodes.url, "x", "--kind", "semaphore")
+    assert done.returncode == 1
+    assert "does not provide a semaphore" in done.stderr
