@@ -525,3 +525,45 @@ async def test_cancelled_waiters_of_every_primitive_leave_no_advisory_lock(pg: P
         return bool(pool.get_idle_size() == pool.get_size())
 
     await until(all_back, "every connection back in the pool")
+
+
+async def test_waits_on_a_given_pools_connections_leave_them_clean(pg: PostgresHarness) -> None:
+    # A given pool keeps its own reset off here, so whatever asynclock left
+    # on a connection would show.
+    pool = await asyncpg.create_pool(pg.server.dsn, min_size=0, max_size=8, reset=_keep_state)
+    try:
+        locks = asynclock.connect(pool, ttl=TTL, prefix=pg.prefix)
+        pg._clients.append(locks)
+        other = pg.connect(ttl=TTL)
+        for make in (
+            lambda c: c.lock("g", fair=True),
+            lambda c: c.rw_lock("g").write,
+            lambda c: c.semaphore("g", permits=1),
+        ):
+            held = Holder(make(other))
+            await held.got()
+            waiting = Holder(make(locks), timeout=scaled(10))  # waits: the per-wait settings are made
+            await asyncio.sleep(0.05)
+            await held.release()
+            lease = await waiting.got()
+            assert not lease.lost
+            await waiting.release()
+        await locks.aclose()
+        conns = [await pool.acquire() for _ in range(pool.get_size())]  # every connection it made
+        try:
+            for conn in conns:
+                assert not (await conn.fetchval("SHOW application_name")).startswith("asynclock")
+                assert await conn.fetchval("SHOW idle_session_timeout") == "0"
+                assert await conn.fetchval("SHOW client_connection_check_interval") == "0"
+                assert await conn.fetchval("SELECT count(*) FROM pg_listening_channels()") == 0
+                held_here = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+                assert await conn.fetchval(held_here) == 0
+        finally:
+            for conn in conns:
+                await pool.release(conn)
+    finally:
+        await pool.close()
+
+
+async def _keep_state(conn: asyncpg.Connection) -> None:
+    """A pool reset that resets nothing."""
