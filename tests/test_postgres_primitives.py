@@ -567,3 +567,35 @@ async def test_waits_on_a_given_pools_connections_leave_them_clean(pg: PostgresH
 
 async def _keep_state(conn: asyncpg.Connection) -> None:
     """A pool reset that resets nothing."""
+
+
+@pytest.mark.parametrize("kind", ["read", "write", "semaphore"])
+async def test_a_locked_fence_row_ends_the_acquire_in_time_with_nothing_kept(pg: PostgresHarness, kind: str) -> None:
+    # An application (or a client of another prefix sharing the table) holds
+    # the fence row: the acquire waits for it no longer than its timeout, and
+    # whatever it got meanwhile is given back.
+    locks, other = pg.connect(ttl=TTL), pg.connect(ttl=TTL)
+
+    def handle(client: asynclock.Locks) -> asynclock.Lock:
+        if kind == "semaphore":
+            return client.semaphore("row", permits=2)
+        rw = client.rw_lock("row")
+        return rw.read if kind == "read" else rw.write
+
+    async with handle(locks):
+        pass  # the fence row exists now
+    row = (b"\xffsem\0" if kind == "semaphore" else b"\xffrw\0") + b"row"
+    admin = await pg.admin()
+    tx = admin.transaction()
+    await tx.start()
+    try:
+        assert await admin.fetchval(f'SELECT value FROM "{pg.prefix}_fence" WHERE name = $1 FOR UPDATE', row) == 1
+        with pytest.raises(LockTimeout):
+            await handle(locks).acquire(timeout=SHORT)
+        with pytest.raises(LockTimeout):
+            await handle(locks).acquire(timeout=0)
+        assert await pg.granted_to(locks) == []
+    finally:
+        await tx.rollback()
+    async with asyncio.timeout(scaled(5)), handle(other) as lease:
+        assert lease.token == 2

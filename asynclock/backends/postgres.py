@@ -71,7 +71,10 @@ is not closed by asynclock. Either way every held *or waiting* lock costs one
 server connection (a backend process) for as long as it is held or waited
 for; several locks are never multiplexed on one connection, because a
 blocking wait occupies its session and the death of a shared session would
-take every lock on it. Session locks need a real session: do not put a
+take every lock on it. A lease connection of asynclock's own pool, clean
+after its release, stays with the backend for half a second (four at most)
+before it goes back to the pool, so a lock taken again at once needs no pool
+hand-over. Session locks need a real session: do not put a
 transaction-pooling PgBouncer between asynclock and PostgreSQL.
 
 What it does not survive: advisory locks live in the primary's memory and are
@@ -503,8 +506,9 @@ class PostgresBackend:
 
         # Locks. $1, $2 key; $3 fence row (bytea: a name may hold NUL, which
         # text cannot); $4 application_name; $5 idle_session_timeout (ms);
-        # waits: $6 lock_timeout (ms, '0' = no limit; local to the statement's
-        # transaction). Returns (ok, token). The lock is taken first; the
+        # $6 lock_timeout (ms, '0' = no limit; local to the statement's
+        # transaction: a try waits for nothing but a fence row another
+        # transaction holds). Returns (ok, token). The lock is taken first; the
         # session settings and the token only when it was granted, all in one
         # round trip.
         lock_template = f"""
@@ -521,18 +525,19 @@ class PostgresBackend:
         for side, suffix in (("x", ""), ("s", "_shared")):
             try_lock = f"pg_try_advisory_lock{suffix}($1::int4, $2::int4)"
             wait_lock = f"pg_advisory_lock{suffix}($1::int4, $2::int4) IS NOT NULL"
-            self._sql[f"try_{side}"] = lock_template.replace("{lead}", "").replace("{lock}", try_lock)
+            self._sql[f"try_{side}"] = lock_template.replace("{lead}", lead).replace("{lock}", try_lock)
             self._sql[f"wait_{side}"] = lock_template.replace("{lead}", lead).replace("{lock}", wait_lock)
 
         # Semaphore slots. $1, $2 the gate key; $3, $4 the slot keys (int4[]
-        # each); $5 fence row; $6 application_name; $7 idle_session_timeout.
+        # each); $5 fence row; $6 application_name; $7 idle_session_timeout;
+        # $8 lock_timeout.
         # Returns (slot, token): the first free slot, locked, or NULL. A
         # newcomer takes the gate shared for the statement's length, so it
         # fails while anybody waits (they hold or queue for it exclusively);
         # the head waiter holds the gate and lets it go with the slot it got.
         sem_template = f"""
             WITH gate AS MATERIALIZED (
-                SELECT {{gate}} AS open
+                SELECT set_config('lock_timeout', $8, true) AS lt, {{gate}} AS open
             ), slot AS MATERIALIZED (
                 SELECT t.n FROM gate, unnest($3::int4[], $4::int4[]) WITH ORDINALITY AS t(k1, k2, n)
                 WHERE CASE WHEN gate.open THEN pg_try_advisory_lock(t.k1, t.k2) ELSE false END
@@ -659,13 +664,10 @@ class PostgresBackend:
         args = (key[0], key[1], self._row(shape, name), self._app_name(name, hold), _ms(ttl))
         # Try first: an uncontended acquire is this one round trip.
         sent = loop.time()
-        attempt.dirty = True
-        async with _edge(), asyncio.timeout_at(sent + ttl):
-            row = await conn.fetchrow(self._sql[f"try_{side}"], *args)
-        if row["ok"]:
+        row = await self._try(conn, self._sql[f"try_{side}"], ttl, deadline, attempt, *args)
+        if row is not None and row["ok"]:
             attempt.before = (row["app0"], row["idle0"])
             return Acquired(int(row["token"]), confirmed_at=sent)
-        attempt.dirty = False  # refused: nothing locked, nothing set
         if deadline is not None and deadline <= loop.time():
             return None
         await self._arm_check(conn, ttl, attempt)
@@ -688,13 +690,10 @@ class PostgresBackend:
         args = (gate[0], gate[1], highs, lows, self._row(shape, name), self._app_name(name, hold), _ms(ttl))
         attempt.notify = _channel(self._prefix, name)
         sent = loop.time()
-        attempt.dirty = True
-        async with _edge(), asyncio.timeout_at(sent + ttl):
-            row = await conn.fetchrow(self._sql["sem_try"], *args)
-        if row["slot"] is not None:
+        row = await self._try(conn, self._sql["sem_try"], ttl, deadline, attempt, *args)
+        if row is not None and row["slot"] is not None:
             attempt.before = (row["app0"], row["idle0"])
             return Acquired(int(row["token"]), confirmed_at=sent)
-        attempt.dirty = False
         if deadline is not None and deadline <= loop.time():
             return None
         # Wait: queue for the gate; as its holder (the head), listen for
@@ -718,8 +717,13 @@ class PostgresBackend:
         while True:
             released.clear()
             sent = loop.time()
+            # Only a fence row held elsewhere makes it wait: up to the deadline.
+            lock_timeout = "0" if deadline is None else _ms(max(deadline - sent, 0.001))
             async with _edge(), asyncio.timeout_at(sent + ttl):
-                row = await conn.fetchrow(self._sql["sem_head"], *args)
+                try:
+                    row = await conn.fetchrow(self._sql["sem_head"], *args, lock_timeout)
+                except asyncpg.LockNotAvailableError:
+                    return None  # out of time (the clean-up unlocks whatever it got)
             if row["slot"] is not None:
                 attempt.before = (row["app0"], row["idle0"])
                 return Acquired(int(row["token"]), confirmed_at=sent)
@@ -730,6 +734,34 @@ class PostgresBackend:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
                     await released.wait()
+
+    async def _try(self, conn: Any, sql: str, ttl: float, deadline: float | None, attempt: _Attempt, *args: Any) -> Any:
+        """Run a try statement: its row, or None when it waited for a fence row past ``lock_timeout``.
+
+        A try waits for nothing but a fence row another transaction holds
+        (an application's ``SELECT ... FOR UPDATE``, another prefix sharing
+        the table): for the caller's time, or a request window with
+        ``timeout=0``. Then whatever it locked is unlocked again (its
+        settings went with its transaction), and the connection is clean.
+        """
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        window = min(ttl / 3, 1.0) if deadline is None or deadline <= sent else deadline - sent
+        attempt.dirty = True
+        async with _edge():
+            try:
+                async with asyncio.timeout_at(sent + ttl):
+                    row = await conn.fetchrow(sql, *args, _ms(min(window, ttl)))
+            except asyncpg.LockNotAvailableError:
+                row = None
+            else:
+                if row[0] is not None and row[0] is not False:
+                    return row  # granted: the clean-up undoes it when the hold ends
+            if row is None:
+                async with asyncio.timeout_at(loop.time() + ttl):
+                    await conn.execute("SELECT pg_advisory_unlock_all()")
+        attempt.dirty = False  # refused: nothing locked, nothing set
+        return row
 
     async def _arm_check(self, conn: Any, ttl: float, attempt: _Attempt) -> None:
         """Before a wait on a connection without it: set client_connection_check_interval.
