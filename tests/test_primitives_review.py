@@ -564,3 +564,57 @@ async def test_a_hanging_renewal_of_one_shape_does_not_lose_the_short_leases_of_
         await plain.release()
         monkeypatch.undo()
         assert s is not None
+
+
+async def test_each_primitive_of_a_name_is_its_own_resource(any_harness: Harness) -> None:
+    """The plain lock "x", the write side of "x" and the semaphore "x" do not exclude
+    each other (nor the fair lock "x", where it is not the plain lock itself)."""
+    clients = [any_harness.connect(ttl=TTL) for _ in range(4)]
+    handles: list[asynclock.Lock] = [
+        clients[0].lock("own"),
+        clients[1].rw_lock("own").write,
+        clients[2].semaphore("own", permits=1),
+    ]
+    if any_harness.kind in ("memory", "redis"):
+        handles.append(clients[3].lock("own", fair=True))
+    for lock in handles:
+        await lock.acquire(timeout=0)
+    for lock in handles:
+        await lock.release()
+
+
+async def test_a_read_joins_the_write_through_another_handle_of_the_name(any_harness: Harness) -> None:
+    locks, other = any_harness.connect(ttl=TTL), any_harness.connect(ttl=TTL)
+    async with locks.rw_lock("handles").write as lease:
+        async with locks.rw_lock("handles", ttl=scaled(2.0)).read as inner:
+            assert inner is lease and lease.hold_count == 2
+        with pytest.raises(LockTimeout):
+            await other.rw_lock("handles").read.acquire(timeout=0)
+    async with other.rw_lock("handles").write:
+        pass
+
+
+async def test_a_handed_over_hold_that_expires_is_lost_and_passed_on(harness: Harness) -> None:
+    holder, waiter, third = (harness.connect(ttl=TTL) for _ in range(3))
+    lock = holder.lock("handed", fair=True)
+    await lock.acquire()
+    got = asyncio.Event()
+    outcome: list[BaseException | None] = []
+
+    async def wait() -> None:
+        try:
+            async with waiter.lock("handed", fair=True):
+                got.set()
+                await asyncio.sleep(scaled(10))
+        except LockLost as exc:
+            outcome.append(exc)
+
+    task = asyncio.create_task(wait())
+    await _queued(lock, 1)
+    await lock.release()  # handed over
+    await asyncio.wait_for(got.wait(), scaled(5))
+    assert await harness.expire_shape("fair", "handed")
+    await asyncio.wait_for(task, scaled(5))
+    assert len(outcome) == 1
+    async with third.lock("handed", fair=True):
+        pass
