@@ -618,3 +618,47 @@ async def test_a_handed_over_hold_that_expires_is_lost_and_passed_on(harness: Ha
     assert len(outcome) == 1
     async with third.lock("handed", fair=True):
         pass
+
+
+@pytest.mark.parametrize("at_call", [1, 2])
+@pytest.mark.parametrize("kind", ["fair", "write", "semaphore"])
+async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queue(
+    redis_own: Harness, monkeypatch: pytest.MonkeyPatch, at_call: int, kind: str
+) -> None:
+    """The waiter's request (its first, or a poll) has been applied by the server,
+    and the waiter is cancelled before it reads the answer: its entry is gone and
+    the next release reaches the waiter behind it."""
+    from asynclock.backends._redis_primitives import RedisQueued
+
+    holder, cancelled, behind = (redis_own.connect(ttl=TTL) for _ in range(3))
+    held = _shaped(holder, kind, "applied")
+    await held.acquire()
+    applied = asyncio.Event()
+    calls = 0
+    original = RedisQueued._enter
+
+    async def enter(self: RedisQueued, *args: object, **kwargs: object) -> tuple[int, int]:
+        nonlocal calls
+        answer = await original(self, *args, **kwargs)  # type: ignore[arg-type]
+        if self is victim:
+            calls += 1
+            if calls == at_call:
+                applied.set()
+                await asyncio.sleep(scaled(30))  # the answer is never read: cancelled here
+        return answer
+
+    victim_lock = _shaped(cancelled, kind, "applied")
+    victim = victim_lock._backend
+    monkeypatch.setattr(RedisQueued, "_enter", enter)
+    task = asyncio.create_task(victim_lock.acquire())
+    await asyncio.wait_for(applied.wait(), scaled(5))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _queued(held, 0)
+    follower = asyncio.create_task(_shaped(behind, kind, "applied").acquire())
+    await _queued(held, 1)
+    await held.release()
+    lease = await asyncio.wait_for(follower, scaled(2))
+    assert lease.token is not None
+    assert (await held.info()).waiters == 0
