@@ -138,11 +138,9 @@ async def test_closing_a_client_ends_queued_acquires_of_every_shape(any_harness:
         closing.semaphore("shut", permits=1),
     ]
     tasks = [asyncio.create_task(lock.acquire()) for lock in waiting]
-    if any_harness.kind != "zookeeper":  # (the waiters count is what every other backend reports)
-        await _queued(held[0], 2)
-        await _queued(held[2], 1)
-    else:
-        await asyncio.sleep(scaled(0.3))
+    await _queued(held[0], 2)
+    await _queued(held[1], 1)
+    await _queued(held[2], 1)
     await closing.aclose()
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), scaled(5))
     assert all(isinstance(r, asynclock.BackendUnavailable) for r in results), results
@@ -330,10 +328,7 @@ async def test_two_tasks_of_one_client_and_another_client_queue_in_order(any_har
     tasks = []
     for count, (locks, tag) in enumerate(((a, "a1"), (b, "b1"), (a, "a2"), (b, "b2")), start=1):
         tasks.append(asyncio.create_task(wait(locks, tag)))
-        if any_harness.kind == "zookeeper":
-            await asyncio.sleep(scaled(0.15))  # (no waiter count there) each reaches the server first
-        else:
-            await _queued(held, count)
+        await _queued(held, count)  # each reaches the server before the next starts
     await held.release()
     await asyncio.wait_for(asyncio.gather(*tasks), scaled(10))
     assert order == ["a1", "b1", "a2", "b2"]
@@ -487,10 +482,7 @@ async def test_readers_queued_behind_a_writer_enter_together_up_to_the_next_writ
     tasks = []
     for count, (locks, tag) in enumerate(zip(clients, ("r1", "r2", "w2", "r3"), strict=True), start=1):
         tasks.append(asyncio.create_task(use(locks, tag)))
-        if any_harness.kind == "zookeeper":
-            await asyncio.sleep(scaled(0.15))
-        else:
-            await _queued(write, count)
+        await _queued(write, count)
     await write.release()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + scaled(5)
