@@ -200,6 +200,9 @@ class LeaseKeeper:
         self._seq = itertools.count()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # renewal calls under way, one per adapter and batch: the loop does not wait
+        # for them, so one adapter's slow call never holds up another's leases
+        self._inflight: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # renew calls made; read by tests and benchmarks
 
     def __len__(self) -> int:
@@ -229,11 +232,13 @@ class LeaseKeeper:
             lease._lose(reason)
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [*self._inflight, *([self._task] if self._task is not None else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._task = None
 
     def _push(self, lease: Lease) -> None:
         first = self._heap[0][0] if self._heap else None
@@ -273,31 +278,29 @@ class LeaseKeeper:
                 heapq.heappop(heap)
                 batch.append(lease)
             if batch:
-                await self._renew(batch)
+                self._renew(batch)
+                await asyncio.sleep(0)  # let the calls go out before looking at the heap again
 
-    async def _renew(self, batch: list[Lease]) -> None:
+    def _renew(self, batch: list[Lease]) -> None:
+        """Start one renewal call per adapter for ``batch``; each applies its own results."""
         loop = asyncio.get_running_loop()
         sent = loop.time()
-        live = [lease for lease in batch if sent < lease._expires_at]
+        groups: dict[int, list[Lease]] = {}
         for lease in batch:
             if sent >= lease._expires_at:
                 self._drop_lost(lease, "the trusted deadline passed before the lease could be renewed")
-        if not live:
-            return
-        # One call per primitive adapter (the plain lock, a semaphore, ...), all at once.
-        groups: dict[int, list[Lease]] = {}
-        for lease in live:
-            groups.setdefault(id(lease._backend), []).append(lease)
-        if len(groups) == 1:
-            outcomes = [await self._renew_group(live)]
-        else:
-            outcomes = await asyncio.gather(*(self._renew_group(group) for group in groups.values()))
+            else:
+                groups.setdefault(id(lease._backend), []).append(lease)
+        for group in groups.values():
+            task = loop.create_task(self._renew_and_apply(group, sent))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _renew_and_apply(self, group: list[Lease], sent: float) -> None:
+        loop = asyncio.get_running_loop()
+        results = await self._renew_group(group)
         now = loop.time()
-        for lease, result in zip(
-            (lease for group in groups.values() for lease in group),
-            (result for results in outcomes for result in results),
-            strict=True,
-        ):
+        for lease, result in zip(group, results, strict=True):
             if lease._hold not in self._leases:
                 continue  # released while the renewal was in flight
             if result is True:

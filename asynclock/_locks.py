@@ -285,6 +285,9 @@ class Locks:
         return task
 
     def _forget(self, lease: Lease) -> None:
+        if lease._shape.kind == "write":
+            # The reads this owner joined to the write hold end with it.
+            self._joined.pop((lease.name, lease.owner), None)
         key = (lease._shape, lease.name)
         owners = self._holds.get(key)
         if owners is not None and owners.get(lease.owner) is lease:
@@ -408,9 +411,15 @@ class Lock:
         self._locks = locks
         self.name = name
         self.ttl = ttl
-        self._shape = shape
-        self._key = (shape, name)
         self._backend = locks._adapter(shape)  # NotImplementedError before any I/O
+        self._shape = shape
+        held_as = shape
+        if shape != LOCK and self._backend.lock_key(name) == locks._backend.lock_key(name):
+            # The same lock on the server as the plain lock of this name (the fair
+            # lock on ZooKeeper and PostgreSQL, whose plain lock is FIFO already):
+            # one hold per task, whichever handle took it, so re-entry works across them.
+            held_as = LOCK
+        self._key = (held_as, name)
         self._scopes: dict[str, list[tuple[Lease, anyio.CancelScope]]] = {}
 
     def __repr__(self) -> str:
@@ -669,7 +678,7 @@ class Lock:
             sent_at=sent,
             on_lost=locks._lease_lost,
             backend=self._backend,
-            shape=self._shape,
+            shape=self._key[0],
         )
         # Bound each request: by the caller's deadline, and by the lease time
         # (an answer later than that would be useless anyway).
@@ -725,7 +734,7 @@ class Lock:
             sent_at=loop.time(),
             on_lost=locks._lease_lost,
             backend=self._backend,
-            shape=self._shape,
+            shape=self._key[0],
         )
         if locks._closed:
             raise BackendUnavailable(_CLOSED)
@@ -811,7 +820,7 @@ class Lock:
             sent_at=asyncio.get_running_loop().time(),
             on_lost=locks._lease_lost,
             backend=self._backend,
-            shape=self._shape,
+            shape=self._key[0],
         )
         locks._spawn(locks._release_on_server(probe, raise_errors=False))
 
