@@ -348,7 +348,9 @@ class PostgresBackend:
         self._checked = False
         self._sql: dict[str, str] = {}
         # Lease connections this backend gave back to the pool clean and has
-        # not taken again: while there are some, a checkout needs no connect.
+        # not taken again: while there are some, a checkout most likely needs
+        # no connect (the pool hands out its latest connection first; info
+        # and probes, or the application with a given pool, may take it).
         self._warm = 0
         # Clean lease connections kept for the next acquire (own pool only).
         self._parked: list[tuple[Any, asyncio.TimerHandle]] = []
@@ -1153,9 +1155,11 @@ class PostgresBackend:
     async def _checkout(self, bound: float) -> Any:
         """A connection from the pool by ``bound``.
 
-        With an idle connection in the pool this is a plain ``acquire`` (no
-        I/O, nothing to cut in half). Otherwise the checkout, which may
-        connect, runs in its own task: a caller that gives up (cancelled, out
+        A connection kept after a release (``_park``) is taken as it is. With
+        a connection this backend gave back to the pool it is a plain
+        ``acquire`` (no I/O as a rule; asyncpg puts a holder back when an
+        acquire is cancelled). Otherwise the checkout, which may connect,
+        runs in its own task: a caller that gives up (cancelled, out
         of time) leaves it to finish, and a connection it brings back goes
         straight back to the pool, so no half-made connection is left behind.
         """
