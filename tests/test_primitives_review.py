@@ -1,8 +1,9 @@
 """Adversarial checks of the fair lock, read-write lock and semaphore: the
 interleavings the other suites do not try (loss under a joined read,
 cancellation at each step of a queued acquire, timeouts racing a hand-over,
-clients with different views of one name). Each defect found is an xfail
-test that names it; the passing tests document checked behaviour.
+clients with different views of one name). A defect not fixed yet is an
+xfail test that names it; the others document checked behaviour (the first
+four were defects, fixed since).
 """
 
 from __future__ import annotations
@@ -38,12 +39,6 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         yield h
 
 
-@pytest.mark.xfail(
-    reason="_locks: Locks._joined is not cleared when the write lease is lost inside `async with rw.read` "
-    "(its __aexit__ skips release on loss), so the task's next write counts as a joined read: "
-    "WriteLock.release raises NotHeld and the new write hold is never released",
-    strict=True,
-)
 async def test_write_is_released_after_an_earlier_write_was_lost_under_a_joined_read(harness: Harness) -> None:
     locks, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
     rw = locks.rw_lock("joined")
@@ -60,12 +55,6 @@ async def test_write_is_released_after_an_earlier_write_was_lost_under_a_joined_
         assert lease.token is not None
 
 
-@pytest.mark.xfail(
-    reason="_locks: Locks._joined outlives the lost write lease, so a fresh read of the same task "
-    "is taken for a joined one: read.held is False and its release goes to the write side (NotHeld), "
-    "leaving the read hold renewed for ever",
-    strict=True,
-)
 async def test_a_read_taken_after_a_lost_downgrade_is_released(harness: Harness) -> None:
     locks, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
     rw = locks.rw_lock("down")
@@ -92,12 +81,6 @@ async def same_lock_harness(request: pytest.FixtureRequest) -> AsyncIterator[Har
         yield h
 
 
-@pytest.mark.xfail(
-    reason="_locks: holds are keyed by (shape, name), but on ZooKeeper and PostgreSQL the fair lock is "
-    "the plain lock: a task holding one waits for itself on the other (LockTimeout, or a hang without "
-    "timeout) instead of re-entering",
-    strict=True,
-)
 async def test_the_holder_of_a_plain_lock_reenters_the_fair_lock_that_is_the_same_lock(
     same_lock_harness: Harness,
 ) -> None:
@@ -521,12 +504,6 @@ async def test_every_permit_has_its_own_increasing_token(any_harness: Harness) -
     await b.semaphore("tok", permits=2).release()
 
 
-@pytest.mark.xfail(
-    reason="_lease: LeaseKeeper._renew awaits every adapter's renew call (bounded only by that group's "
-    "own earliest deadline) before it schedules anything else, so one adapter's hanging call stops the "
-    "one watchdog and loses the shorter leases of every other adapter",
-    strict=True,
-)
 async def test_a_hanging_renewal_of_one_shape_does_not_lose_the_short_leases_of_another(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
