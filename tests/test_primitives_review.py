@@ -2,8 +2,9 @@
 interleavings the other suites do not try (loss under a joined read,
 cancellation at each step of a queued acquire, timeouts racing a hand-over,
 clients with different views of one name). A defect not fixed yet is an
-xfail test that names it; the others document checked behaviour (the first
-four were defects, fixed since).
+xfail test that names it; the others document checked behaviour (four of
+them showed defects that are fixed since: the two joined-read tests, the
+fair/plain re-entry and the hanging renewal).
 """
 
 from __future__ import annotations
@@ -674,3 +675,21 @@ async def test_one_stuck_hold_does_not_lose_the_other_holds_renewed_with_it(monk
         assert not leases[1].lost, leases[1].lost_reason
         stop.set()
         await asyncio.gather(*tasks)
+
+
+async def test_a_hold_taken_through_the_fair_handle_is_the_plain_locks_hold_where_they_are_one(
+    same_lock_harness: Harness,
+) -> None:
+    locks, other = same_lock_harness.connect(ttl=TTL), same_lock_harness.connect(ttl=TTL)
+    plain, fair = locks.lock("one"), locks.lock("one", fair=True)
+    lease = await fair.acquire()
+    assert plain.held and fair.held
+    assert await plain.acquire(timeout=0) is lease and lease.hold_count == 2
+    await plain.release()
+    assert fair.held and lease.hold_count == 1
+    with pytest.raises(LockTimeout):
+        await other.lock("one").acquire(timeout=0)
+    await plain.release()  # either handle releases the one hold
+    assert not fair.held
+    async with other.lock("one"):
+        pass
