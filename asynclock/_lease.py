@@ -298,7 +298,22 @@ class LeaseKeeper:
 
     async def _renew_and_apply(self, group: list[Lease], sent: float) -> None:
         loop = asyncio.get_running_loop()
-        results = await self._renew_group(group)
+        earliest = min(lease._expires_at for lease in group)
+        if len(group) == 1:
+            results, expired = await self._renew_group(group, earliest)
+        else:
+            # A call for several holds gets half the time left: if one hold's
+            # renewal hangs (one stuck connection among a backend's many), the
+            # others are tried again apart, in halves, before their deadlines.
+            results, expired = await self._renew_group(group, sent + (earliest - sent) / 2)
+            if expired:
+                now = loop.time()
+                middle = len(group) // 2
+                live = [lease for lease in group if lease._hold in self._leases]
+                await asyncio.gather(
+                    *(self._renew_and_apply(half, now) for half in (live[:middle], live[middle:]) if half)
+                )
+                return
         now = loop.time()
         for lease, result in zip(group, results, strict=True):
             if lease._hold not in self._leases:
@@ -319,19 +334,20 @@ class LeaseKeeper:
                 lease._backoff = min(lease._backoff * 2, lease._ttl / 6)
                 self._push(lease)
 
-    async def _renew_group(self, group: list[Lease]) -> list[bool | BaseException]:
+    async def _renew_group(self, group: list[Lease], bound: float) -> tuple[list[bool | BaseException], bool]:
+        """One renew call for ``group``, bounded by ``bound``: (results, whether the bound fired)."""
         backend = group[0]._backend
         items = [RenewItem(lease.name, lease._hold, lease._ttl) for lease in group]
-        bound = min(lease._expires_at for lease in group)
         self.round_trips += 1
+        timer = asyncio.timeout_at(bound)
         try:
-            async with asyncio.timeout_at(bound):
-                return list(await backend.renew(items))
+            async with timer:
+                return list(await backend.renew(items)), False
         except (LockError, OSError, TimeoutError) as exc:
-            return [exc] * len(group)
+            return [exc] * len(group), timer.expired()
         except Exception as exc:  # a backend bug must not kill the one watchdog of every lease
             logger.exception("renew call of %s failed unexpectedly", type(backend).__name__)
-            return [exc] * len(group)
+            return [exc] * len(group), False
 
     def _drop_lost(self, lease: Lease, reason: str) -> None:
         self._leases.pop(lease._hold, None)

@@ -1,10 +1,9 @@
 """Adversarial checks of the fair lock, read-write lock and semaphore: the
 interleavings the other suites do not try (loss under a joined read,
 cancellation at each step of a queued acquire, timeouts racing a hand-over,
-clients with different views of one name). A defect not fixed yet is an
-xfail test that names it; the others document checked behaviour (four of
-them showed defects that are fixed since: the two joined-read tests, the
-fair/plain re-entry and the hanging renewal).
+clients with different views of one name). Five of them showed defects,
+fixed since: the two joined-read tests, the fair/plain re-entry, the hanging
+renewal of one primitive, and one stuck hold among several renewed together.
 """
 
 from __future__ import annotations
@@ -636,12 +635,6 @@ async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queu
     assert (await held.info()).waiters == 0
 
 
-@pytest.mark.xfail(
-    reason="_lease: a renew call is all or nothing, bounded by the earliest deadline of its group, so one "
-    "hold whose renewal hangs (on PostgreSQL: one stuck lease connection among the gathered pings) makes "
-    "every other hold of that adapter in the same call time out and be lost with it",
-    strict=True,
-)
 async def test_one_stuck_hold_does_not_lose_the_other_holds_renewed_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     async with make_harness_memory() as harness:
         locks = harness.connect(ttl=TTL)
