@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -359,3 +360,190 @@ async def test_tls_url() -> None:
             await asyncio.wait_for(waiter, 5)
     finally:
         server.cleanup()
+
+
+# -- one release wakes one client ---------------------------------------------------
+
+
+def _count_tries(locks: asynclock.Locks) -> list[int]:
+    """Count the tries of ``locks``' backend (a one-element list, reset by assigning [0])."""
+    backend = redis_backend(locks)
+    tries = [0]
+    original = backend.try_acquire
+
+    async def counting(name: str, hold: str, ttl: float) -> Acquired | Busy:
+        tries[0] += 1
+        return await original(name, hold, ttl)
+
+    backend.try_acquire = counting  # type: ignore[method-assign]
+    return tries
+
+
+async def _wait_until(predicate: object, what: str) -> None:
+    async with asyncio.timeout(scaled(10)):
+        while not await predicate():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+
+async def test_one_release_costs_one_try_across_clients(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
+    """Waiters in four clients (two each): each release wakes exactly one of them, and all get in."""
+    ttl = 20.0  # nobody retries on the holder's lease running out
+    clients = [asynclock.connect(redis_fresh.url, ttl=ttl, prefix="one") for _ in range(5)]
+    for locks in clients:
+        await locks.__aenter__()
+    try:
+        holder, waiters = clients[0], clients[1:]
+        await holder.lock("x").acquire()
+        counters = [_count_tries(locks) for locks in waiters]
+        got: asyncio.Queue[int] = asyncio.Queue()
+        go_on = [asyncio.Event() for _ in range(8)]
+
+        async def wait_for_it(index: int) -> None:
+            lock = waiters[index // 2].lock("x")
+            async with lock:
+                await got.put(index)
+                await go_on[index].wait()
+
+        tasks = [asyncio.create_task(wait_for_it(i)) for i in range(8)]
+        key = redis_backend(holder).waiting_key("x")
+
+        async def all_registered() -> bool:
+            hubs_full = all(locks._hub is not None and locks._hub.waiting("x") == 2 for locks in waiters)
+            return hubs_full and await admin.zcard(key) == len(waiters)
+
+        await _wait_until(all_registered, "every client registered")
+        await asyncio.sleep(scaled(0.3))  # the second waiters' own tries settle
+        for counter in counters:
+            counter[0] = 0
+        await holder.lock("x").release()
+        order = []
+        for _ in range(8):
+            index = await asyncio.wait_for(got.get(), ttl / 4)
+            order.append(index)
+            await asyncio.sleep(scaled(0.05))  # room for any spurious try to show
+            assert sum(counter[0] for counter in counters) == len(order), (order, [c[0] for c in counters])
+            go_on[index].set()  # its release wakes the next client
+        await asyncio.gather(*tasks)
+        assert sorted(order) == list(range(8))
+        assert not await admin.exists(key)  # every entry was used up or taken back
+    finally:
+        for locks in clients:
+            await locks.__aexit__(None, None, None)
+
+
+async def test_a_client_whose_waiters_left_passes_the_wake_up_on(
+    redis_fresh: RedisServer, admin: aioredis.Redis
+) -> None:
+    ttl = 20.0
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=ttl) as holder,
+        asynclock.connect(redis_fresh.url, ttl=ttl) as idle,
+        asynclock.connect(redis_fresh.url, ttl=ttl) as waiting,
+    ):
+        idle_backend = redis_backend(idle)
+        await idle.lock("warm").acquire()  # starts the backend
+        await idle.lock("warm").release()
+        # ``idle`` listens on its wake-up channel (as after any wait) ...
+        await idle_backend.subscribe("other")
+        await idle_backend.unsubscribe("other")
+        channel = idle_backend.wake_channel
+        await _wait_until(lambda: _equals(admin.pubsub_numsub(channel), [(channel.encode(), 1)]), "listening")
+        await holder.lock("p").acquire()
+        waiter = asyncio.create_task(waiting.lock("p").acquire())
+        key = redis_backend(holder).waiting_key("p")
+        await _wait_until(lambda: admin.zcard(key), "the waiter registered")
+        # ... and stands first in line for "p", with no waiter of its own (they left).
+        score = await _first_score(admin, key)
+        await admin.zadd(key, {channel: score - 1})
+        await holder.lock("p").release()
+        await asyncio.wait_for(waiter, ttl / 4)  # long before the 20 s lease: the wake-up was passed on
+        assert await admin.zscore(key, channel) is None
+
+
+async def test_a_registered_client_that_is_gone_is_skipped(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
+    ttl = 20.0
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=ttl) as holder,
+        asynclock.connect(redis_fresh.url, ttl=ttl) as waiting,
+    ):
+        await holder.lock("g").acquire()
+        waiter = asyncio.create_task(waiting.lock("g").acquire())
+        key = redis_backend(holder).waiting_key("g")
+        await _wait_until(lambda: admin.zcard(key), "the waiter registered")
+        score = await _first_score(admin, key)
+        # first in line: a client that died (nobody listens on its channel), and a stale entry
+        await admin.zadd(key, {"asynclock:wake:gone": score - 1, "asynclock:wake:stale": 1})
+        await holder.lock("g").release()
+        await asyncio.wait_for(waiter, ttl / 4)
+        assert await admin.zcard(key) == 0
+
+
+async def test_a_try_lock_does_not_register(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=TTL) as holder,
+        asynclock.connect(redis_fresh.url, ttl=TTL) as other,
+    ):
+        await holder.lock("t").acquire()
+        with pytest.raises(LockTimeout):
+            await other.lock("t").acquire(timeout=0)
+        assert not await admin.exists(redis_backend(holder).waiting_key("t"))
+        await holder.lock("t").release()
+
+
+async def test_a_waiter_that_times_out_takes_its_entry_back(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=scaled(5)) as holder,
+        asynclock.connect(redis_fresh.url, ttl=scaled(5)) as other,
+    ):
+        await holder.lock("o").acquire()
+        key = redis_backend(holder).waiting_key("o")
+        with pytest.raises(LockTimeout):
+            await other.lock("o").acquire(timeout=scaled(0.3))
+        await _wait_until(lambda: _not(admin.exists(key)), "the entry was taken back")
+        await holder.lock("o").release()
+
+
+async def _not(awaitable: Any) -> bool:
+    return not await awaitable
+
+
+async def test_no_wake_up_is_lost_when_pubsub_drops_in_the_middle(
+    redis_fresh: RedisServer, admin: aioredis.Redis
+) -> None:
+    """Registered waiters in three clients; their listeners are cut, and a release goes by meanwhile."""
+    ttl = 20.0
+    clients = [asynclock.connect(redis_fresh.url, ttl=ttl) for _ in range(4)]
+    for locks in clients:
+        await locks.__aenter__()
+    try:
+        holder, waiters = clients[0], clients[1:]
+        await holder.lock("d").acquire()
+        got: asyncio.Queue[int] = asyncio.Queue()
+        go_on = [asyncio.Event() for _ in waiters]
+
+        async def wait_for_it(index: int) -> None:
+            async with waiters[index].lock("d"):
+                await got.put(index)
+                await go_on[index].wait()
+
+        tasks = [asyncio.create_task(wait_for_it(i)) for i in range(len(waiters))]
+        key = redis_backend(holder).waiting_key("d")
+        await _wait_until(lambda: _equals(admin.zcard(key), len(waiters)), "every client registered")
+        assert await admin.client_kill_filter(_type="pubsub") >= len(waiters)
+        await holder.lock("d").release()  # may reach nobody: then the entries are dropped
+        for _ in waiters:  # everyone still gets in, long before the 20 s lease
+            index = await asyncio.wait_for(got.get(), ttl / 4)
+            go_on[index].set()
+        await asyncio.gather(*tasks)
+    finally:
+        for locks in clients:
+            await locks.__aexit__(None, None, None)
+
+
+async def _first_score(admin: aioredis.Redis, key: str) -> float:
+    entries: Any = await admin.zrange(key, 0, 0, withscores=True)
+    return float(entries[0][1])
+
+
+async def _equals(awaitable: Any, value: object) -> bool:
+    return bool(await awaitable == value)

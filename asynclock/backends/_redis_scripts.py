@@ -3,8 +3,20 @@
 One hash per lock, ``<prefix>:{<name>}``, with fields ``owner`` (the hold id,
 unique per acquisition), ``count`` (hold count) and ``token`` (fencing token),
 expiring by PEXPIRE. Beside it ``<prefix>:{<name>}:fence`` remembers the last
-token, and releases are published on ``<prefix>:{<name>}:released``. All
-three share the ``{<name>}`` hash tag, so the scripts are Cluster-safe.
+token, and ``<prefix>:{<name>}:waiting`` (a sorted set) lists the clients
+that wait for the lock: member the client's wake-up channel, score the
+server time (ms) after which the entry is stale. A try that finds the lock
+taken registers its client there; a release takes the first live entry and
+publishes the lock's name on that client's channel alone, so one release
+wakes one client, not every client with a waiter (``ACQUIRE_REGISTER``,
+``RELEASE_WAKE``, ``LEAVE``). A try of a client that has no waiter for the
+lock (the first try, or a try-lock) uses ``ACQUIRE`` and registers nothing.
+All keys share the ``{<name>}`` hash tag, so the scripts touch one slot.
+
+Redis Cluster cannot publish on a per-client channel from a script (the
+channel is in another slot), and Redlock listens on its nodes itself: they use
+``ACQUIRE`` and ``RELEASE``/``RELEASE_SHARDED``, which announce a release on
+``<prefix>:{<name>}:released`` to every subscriber.
 
 Fencing tokens are ``max(last token + 1, server time in microseconds)``. The
 stored counter makes them strictly increasing while Redis keeps its data; the
@@ -17,6 +29,7 @@ backwards by more than the counter's lifetime.
 
 from __future__ import annotations
 
+# The acquire that registers no waiter (a first try, a try-lock; Cluster; Redlock's nodes):
 # KEYS[1] lock hash, KEYS[2] fence counter
 # ARGV[1] hold id, ARGV[2] ttl in ms, ARGV[3] fence counter lifetime in ms
 # returns {1, token} if ARGV[1] holds it now (new, or already: retries are
@@ -53,6 +66,7 @@ end
 return 0
 """
 
+# The release announced to every subscriber (Cluster, Redlock nodes):
 # KEYS[1] lock hash, KEYS[2] release channel (same slot)
 # ARGV[1] hold id
 # returns 1 if released (and one message published), 0 if ARGV[1] did not hold it (no change)
@@ -65,8 +79,112 @@ end
 return 0
 """
 RELEASE = _RELEASE.format(publish="PUBLISH")
-#: The same for Redis Cluster, announcing on the lock's shard channel (Redis >= 7).
+#: Redis Cluster: announced on the lock's shard channel (Redis >= 7).
 RELEASE_SHARDED = _RELEASE.format(publish="SPUBLISH")
+
+# The wake-up of the next waiting client, shared by the scripts below (KEYS[2]
+# the waiting set, ARGV[1] the lock's name): entries are taken in score order;
+# stale ones are dropped, and so is a client that no longer listens (PUBLISH
+# reached nobody: gone, or reconnecting, and then it wakes all its waiters
+# itself). Returns 1 if a client was woken, 0 if nobody waits.
+_WAKE_NEXT = """
+local function wake_next()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  while true do
+    local head = redis.call('ZPOPMIN', KEYS[2])
+    if #head == 0 then return 0 end
+    if tonumber(head[2]) >= now and redis.call('PUBLISH', head[1], ARGV[1]) > 0 then return 1 end
+  end
+end
+"""
+
+# The waiting set's scores and lifetime (ms) from a lock ttl: an entry lives
+# for the holder's remaining time plus one more ttl, long enough for the
+# waiter's next try (which it makes at the latest when that time is up) to
+# refresh it.
+_REGISTER = """
+local function register(channel, now, pttl, ttl)
+  local life = math.max(pttl, 0) + ttl
+  redis.call('ZADD', KEYS[3], now + life, channel)
+  if redis.call('PTTL', KEYS[3]) < life then redis.call('PEXPIRE', KEYS[3], life) end
+end
+"""
+
+# KEYS[1] lock hash, KEYS[2] fence counter, KEYS[3] waiting set
+# ARGV[1] hold id, ARGV[2] ttl in ms, ARGV[3] fence counter lifetime in ms,
+# ARGV[4] this client's wake-up channel, ARGV[5] how long (ms) this client's
+# entry must live if this try wins, because it has other waiters for the lock
+# (until their next tries), or 0 if it has none
+# returns as ACQUIRE. A try that finds the lock taken registers the client in
+# the waiting set (or refreshes its entry); one that wins keeps the client's
+# entry (at the back) while it has other waiters, and removes it otherwise.
+ACQUIRE_REGISTER = (
+    _REGISTER
+    + """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if not owner or owner == ARGV[1] then
+  if tonumber(ARGV[5]) > 0 then
+    register(ARGV[4], now_ms, 0, tonumber(ARGV[5]))
+  else
+    redis.call('ZREM', KEYS[3], ARGV[4])
+  end
+end
+if not owner then
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local token = string.format('%.0f', math.max(last + 1, now))
+  redis.call('SET', KEYS[2], token, 'PX', ARGV[3])
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1, 'token', token)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, token}
+end
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, redis.call('HGET', KEYS[1], 'token')}
+end
+local pttl = redis.call('PTTL', KEYS[1])
+register(ARGV[4], now_ms, pttl, tonumber(ARGV[2]))
+return {0, pttl}
+"""
+)
+
+# KEYS[1] lock hash, KEYS[2] waiting set (same slot)
+# ARGV[1] the lock's name (the wake-up message), ARGV[2] hold id
+# returns 1 if released (and the first live waiting client, if any, woken on
+# its own channel), 0 if ARGV[2] did not hold it (no change)
+RELEASE_WAKE = (
+    _WAKE_NEXT
+    + """
+if redis.replicate_commands then redis.replicate_commands() end
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[2] then
+  redis.call('DEL', KEYS[1])
+  wake_next()
+  return 1
+end
+return 0
+"""
+)
+
+# KEYS[1] lock hash, KEYS[2] waiting set
+# ARGV[1] the lock's name, ARGV[2] this client's wake-up channel, ARGV[3] "1"
+# to pass a wake-up on, "0" not to
+# A client whose waiters for the lock have all left takes its entry out of the
+# waiting set and, if they left a wake-up unused, passes it on. Returns 1 if
+# the lock is free and another waiting client was woken, 0 otherwise (the lock
+# is taken, and its holder's release wakes the next; or nobody waits).
+LEAVE = (
+    _WAKE_NEXT
+    + """
+if redis.replicate_commands then redis.replicate_commands() end
+redis.call('ZREM', KEYS[2], ARGV[2])
+if ARGV[3] ~= '1' or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+return wake_next()
+"""
+)
 
 # KEYS[i] lock hash of the i-th lease
 # ARGV[2i-1] its hold id, ARGV[2i] its ttl in ms (always > 0)

@@ -6,6 +6,12 @@ client, opened by this module and shared by every lock of the client; a
 waiter also never sleeps past the holder's remaining PTTL, because a key
 that simply expires sends no message.
 
+A try that finds the lock taken registers its client in the lock's waiting
+set; a release wakes the first live client of that set alone, on the
+client's own channel, and that client wakes one of its waiters. A client
+whose waiters have all left by then passes the wake-up on (``LEAVE``), so
+one release costs one try, however many clients wait.
+
 The fair lock, the read-write lock and the semaphore are adapters
 (``_redis_primitives``): a server-side queue whose release script hands the
 lock to the head waiter, announced on a channel of that waiter's client
@@ -137,13 +143,35 @@ class RedisBackend:
         #: Replicas that must confirm each acquire and renewal (Redis WAIT); 0: do not wait.
         self.replicas = replicas
         self._replica_timeout_ms = _ms(replica_timeout)
+        # Until start(), and for subclasses that listen otherwise (Cluster) or
+        # nodes that are never started (Redlock's): releases are announced on
+        # the lock's channel to every subscriber.
         self._acquire = client.register_script(scripts.ACQUIRE)
-        self._set_count = client.register_script(scripts.SET_COUNT)
         self._release = client.register_script(scripts.RELEASE)
+        # Once started: a release wakes one waiting client on its own channel.
+        self._wake_one_client = False
+        self._acquire_register = client.register_script(scripts.ACQUIRE_REGISTER)
+        self._release_wake = client.register_script(scripts.RELEASE_WAKE)
+        self._leave = client.register_script(scripts.LEAVE)
+        self._set_count = client.register_script(scripts.SET_COUNT)
         self._renew = client.register_script(scripts.RENEW_MANY)
         self._info = client.register_script(scripts.INFO)
         self._listener: _Listener | None = None
         self._handovers: Handovers | None = None
+        #: The channel on which a release wakes this client (see _redis_scripts).
+        self.wake_channel = f"{prefix}:wake:{secrets.token_hex(8)}"
+        self._wake_route: asyncio.Task[None] | None = None
+        self._waiting: set[str] = set()  # names this client's waiters wait for (subscribe .. unsubscribe)
+        # Per waited-for name: wake-ups received, and the most of them that a
+        # try sent after them has answered (a wake-up not answered by a try
+        # when the last waiter leaves is passed on).
+        self._wakes: dict[str, int] = {}
+        self._answered: dict[str, int] = {}
+        self._registered: set[str] = set()  # names whose waiting set may list this client
+        # Per waited-for name: the loop time by which every local waiter will
+        # have tried again (the latest "retry after" handed out).
+        self._retry_by: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> RedisBackend:
@@ -203,7 +231,48 @@ class RedisBackend:
         return f"{self._prefix}:{{{name}}}:fence"
 
     def channel(self, name: str) -> str:
+        """Where releases of ``name`` are announced to every subscriber (Cluster, Redlock's nodes)."""
         return f"{self._prefix}:{{{name}}}:released"
+
+    def waiting_key(self, name: str) -> str:
+        """The sorted set of the clients waiting for ``name``."""
+        return f"{self._prefix}:{{{name}}}:waiting"
+
+    def _others_wait(self, name: str) -> bool:
+        """Whether this client has waiters for ``name`` besides the one trying now."""
+        listener = self._listener
+        waiting = getattr(listener._hooks, "waiting", None) if listener is not None else None
+        if not callable(waiting):
+            return True  # unknown: stay registered (a spare wake-up is passed on)
+        return int(waiting(name)) > 1
+
+    def _acquire_request(self, name: str, hold: str, ttl: float) -> tuple[Any, list[str], list[Any], bool | None]:
+        """The acquire script, its keys and arguments, and whether it asks to stay registered.
+
+        Only a client that waits for ``name`` (subscribed) registers: a first
+        try, or a try-lock, leaves the waiting set alone (None).
+        """
+        if not self._wake_one_client or name not in self._waiting:
+            keys = [self.lock_key(name), self._fence_key(name)]
+            return self._acquire, keys, [hold, _ms(ttl), FENCE_LIFETIME_MS], None
+        keys = [self.lock_key(name), self._fence_key(name), self.waiting_key(name)]
+        others = self._others_wait(name)
+        stay_ms = 0
+        if others:
+            # Listed until the other waiters' next tries, which refresh the entry.
+            ahead = self._retry_by.get(name, 0.0) - asyncio.get_running_loop().time()
+            stay_ms = _ms(max(ttl, ahead) + ttl)
+        args = [hold, _ms(ttl), FENCE_LIFETIME_MS, self.wake_channel, stay_ms]
+        return self._acquire_register, keys, args, others
+
+    async def _release_hold(self, name: str, hold: str) -> bool:
+        if not self._wake_one_client:
+            done = await _call(self._release(keys=[self.lock_key(name), self.channel(name)], args=[hold]))
+        else:
+            done = await _call(
+                self._release_wake(keys=[self.lock_key(name), self.waiting_key(name)], args=[name, hold])
+            )
+        return bool(done)
 
     # -- protocol ----------------------------------------------------------------
 
@@ -214,24 +283,30 @@ class RedisBackend:
         # No I/O here: like redis-py, the first request connects, and the
         # front retries requests that fail to reach the server.
         self._listener = _Listener(self._client, hooks, self.channel)
+        self._wake_one_client = True
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
-        keys = [self.lock_key(name), self._fence_key(name)]
-        args: list[Any] = [hold, _ms(ttl), FENCE_LIFETIME_MS]
+        script, keys, args, stay = self._acquire_request(name, hold, ttl)
+        seen = self._wakes.get(name, 0)  # wake-ups this try answers for
         if self.replicas:
-            (got, value), confirmed = await self._script_then_wait(self._acquire, keys, args)
+            (got, value), confirmed = await self._script_then_wait(script, keys, args)
+            self._answer(name, seen, stay if got == 1 else (True if stay is not None else None))
             if got == 1 and confirmed < self.replicas:
                 # Not on enough replicas: a failover now could lose it. Roll it
                 # back; the front retries (with a new try) until its deadline.
-                await _call(self._release(keys=[self.lock_key(name), self.channel(name)], args=[hold]))
+                await self._release_hold(name, hold)
                 raise BackendUnavailable(
                     f"only {confirmed} of {self.replicas} replicas confirmed the acquire within the replica timeout"
                 )
         else:
-            got, value = await _call(self._acquire(keys=keys, args=args))
+            got, value = await _call(script(keys=keys, args=args))
+            self._answer(name, seen, stay if got == 1 else (True if stay is not None else None))
         if got == 1:
             return Acquired(int(value))
         pttl = int(value)
+        if name in self._waiting:
+            by = asyncio.get_running_loop().time() + max(pttl, 0) / 1000
+            self._retry_by[name] = max(self._retry_by.get(name, 0.0), by)
         return Busy(pttl / 1000 if pttl >= 0 else 0.0)
 
     async def _script_then_wait(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int]:
@@ -245,7 +320,16 @@ class RedisBackend:
             except (redis_errors.RedisError, OSError) as exc:
                 raise _translate(exc) from exc
             if isinstance(answer, redis_errors.NoScriptError) and attempt == 1:
-                await _call(self._client.script_load(script.script))
+                # Load every script of the plain lock at once: the next calls
+                # (the release, the registering tries) find theirs loaded.
+                scripts_of = {script, self._acquire, self._release, self._acquire_register, self._release_wake}
+                try:
+                    async with self._client.pipeline(transaction=False) as pipe:
+                        for each in scripts_of:
+                            pipe.script_load(each.script)
+                        await pipe.execute()
+                except (redis_errors.RedisError, OSError) as exc:
+                    raise _translate(exc) from exc
                 continue
             if isinstance(answer, BaseException):
                 raise _translate(answer) from answer
@@ -262,8 +346,7 @@ class RedisBackend:
         return bool(done)
 
     async def release(self, name: str, hold: str) -> bool:
-        done = await _call(self._release(keys=[self.lock_key(name), self.channel(name)], args=[hold]))
-        return bool(done)
+        return await self._release_hold(name, hold)
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
         results: list[bool | BaseException] = []
@@ -306,13 +389,70 @@ class RedisBackend:
         return results
 
     async def subscribe(self, name: str) -> None:
-        if self._listener is None:  # closed (or not started): no notifications to wait for
+        """Make sure this client's wake-up channel is listened to (once per client, not per name)."""
+        listener = self._listener
+        if listener is None:  # closed (or not started): no notifications to wait for
             raise BackendUnavailable("the Redis backend is closed")
-        await self._listener.subscribe(name)
+        self._waiting.add(name)
+        route = self._wake_route
+        if route is None or (route.done() and (route.cancelled() or route.exception() is not None)):
+            route = self._wake_route = asyncio.get_running_loop().create_task(
+                listener.route(self.wake_channel, self._on_wake, self._on_resync), name="asynclock-redis-wake"
+            )
+        await asyncio.shield(route)
 
     async def unsubscribe(self, name: str) -> None:
-        if self._listener is not None:
-            await self._listener.unsubscribe(name)
+        """The last local waiter of ``name`` left: leave its waiting set, passing on an unused wake-up."""
+        self._waiting.discard(name)
+        unused = self._wakes.pop(name, 0) > self._answered.pop(name, 0)
+        registered = name in self._registered
+        self._registered.discard(name)
+        self._retry_by.pop(name, None)
+        if (unused or registered) and self._listener is not None:
+            await self._leave_waiting(name, unused)
+            listener = self._listener
+            if name in self._waiting and listener is not None:
+                # A new waiter came meanwhile; its registration may have landed
+                # before our removal: have it try (and so register) again.
+                listener._hooks.wake_one(name)
+
+    def _answer(self, name: str, seen: int, stay: bool | None) -> None:
+        """A try sent after ``seen`` wake-ups of ``name`` was answered: they did their job.
+
+        ``stay``: whether the waiting set lists this client now (None: untouched).
+        """
+        if seen and name in self._wakes and self._answered.get(name, 0) < seen:
+            self._answered[name] = seen
+        if stay:
+            self._registered.add(name)
+        elif stay is not None:
+            self._registered.discard(name)
+
+    def _on_wake(self, payload: bytes) -> None:
+        name = payload.decode("utf-8", "replace")
+        listener = self._listener
+        if listener is not None and name in self._waiting:
+            self._wakes[name] = self._wakes.get(name, 0) + 1
+            listener._hooks.wake_one(name)
+            return
+        # Nobody here waits for it any more: wake the next client.
+        task = asyncio.get_running_loop().create_task(self._leave_waiting(name, True), name="asynclock-redis-pass-on")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_resync(self) -> None:
+        # The wake-up channel was subscribed again: wake-ups may have gone by unseen.
+        listener = self._listener
+        if listener is not None:
+            listener._hooks.wake_all()
+
+    async def _leave_waiting(self, name: str, pass_on: bool) -> None:
+        keys = [self.lock_key(name), self.waiting_key(name)]
+        try:
+            await _call(self._leave(keys=keys, args=[name, self.wake_channel, "1" if pass_on else "0"]))
+        except (LockError, OSError) as exc:
+            # The others are still bounded by the lock's remaining lease.
+            logger.info("could not pass a wake-up for %r on: %r", name, exc)
 
     async def info(self, name: str) -> LockInfo:
         owner, count, token, pttl = await _call(self._info(keys=[self.lock_key(name)]))
@@ -341,6 +481,14 @@ class RedisBackend:
         return found
 
     async def aclose(self) -> None:
+        pending = list(self._tasks)
+        if self._wake_route is not None:
+            pending.append(self._wake_route)
+            self._wake_route = None
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
         if self._listener is not None:
             await self._listener.aclose()
             self._listener = None
