@@ -575,6 +575,10 @@ class Lock:
             lease._lose("the server no longer had this hold at release (expired or taken)")
             raise NotHeld(self.name, "the lease had expired or been taken before release")
         locks._emit("released", self.name, owner, lease.token, held_s=held_s)
+        # One event-loop turn before the caller goes on: a waiter this release
+        # woke in this process tries first, instead of losing every time to the
+        # releasing task's next acquire (which would starve it).
+        await asyncio.sleep(0)
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
