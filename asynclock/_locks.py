@@ -561,15 +561,11 @@ class Lock:
         locks._forget(lease)
         lease._released = True
         held_s = asyncio.get_running_loop().time() - lease._acquired_at
-        try:
-            released = await locks._release_on_server(lease, raise_errors=True)
-        except asyncio.CancelledError:
-            # The caller is cancelled; the hold must still go. A release by the
-            # hold's identity is idempotent, so repeating one that may have gone
-            # out already is harmless. (Awaited directly, not in a task of its
-            # own: that keeps the common case to one event-loop turn.)
-            locks._spawn(locks._release_on_server(lease, raise_errors=False))
-            raise
+        # In a task of its own: a cancellation of the caller does not stop it.
+        # (Awaiting it directly is a little faster uncontended, but then a task
+        # that releases and acquires again wins nearly every race against the
+        # waiters the release woke in other processes, and starves them.)
+        released = await _shielded(locks, locks._release_on_server(lease, raise_errors=True))
         if not released:
             lease._released = False
             lease._lose("the server no longer had this hold at release (expired or taken)")
