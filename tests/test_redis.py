@@ -547,3 +547,39 @@ async def _first_score(admin: aioredis.Redis, key: str) -> float:
 
 async def _equals(awaitable: Any, value: object) -> bool:
     return bool(await awaitable == value)
+
+
+async def test_the_releaser_does_not_take_the_lock_back_from_the_client_it_woke(redis_fresh: RedisServer) -> None:
+    ttl = 20.0
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=ttl) as a,
+        asynclock.connect(redis_fresh.url, ttl=ttl) as b,
+    ):
+        await a.lock("turn").acquire()
+        waiter = asyncio.create_task(b.lock("turn").acquire())
+        await _wait_until(lambda: _registered(b, "turn"), "b registered")
+        b_backend = redis_backend(b)
+        listener = b_backend._listener
+        assert listener is not None
+        channel = b_backend.wake_channel.encode()
+        deliver, resync = listener._routes[channel]
+        loop = asyncio.get_running_loop()
+        # b hears of the release a little late (as a busy process would) ...
+
+        def late(payload: bytes) -> None:
+            loop.call_later(0.05, deliver, payload)
+
+        listener._routes[channel] = (late, resync)
+        await a.lock("turn").release()
+        # ... and meanwhile a try of the releaser's client is refused: it is b's turn
+        answer = await redis_backend(a).try_acquire("turn", f"{a.client_id}:raw", ttl)
+        assert isinstance(answer, Busy), answer
+        lease = await asyncio.wait_for(waiter, ttl / 4)
+        assert lease.token is not None
+        info = await b.lock("turn").info()
+        assert info.owner is not None and info.owner.startswith(b.client_id)
+
+
+async def _registered(locks: asynclock.Locks, name: str) -> bool:
+    backend = redis_backend(locks)
+    return await backend.client.zscore(backend.waiting_key(name), backend.wake_channel) is not None

@@ -83,10 +83,14 @@ RELEASE = _RELEASE.format(publish="PUBLISH")
 RELEASE_SHARDED = _RELEASE.format(publish="SPUBLISH")
 
 # The wake-up of the next waiting client, shared by the scripts below (KEYS[2]
-# the waiting set, ARGV[1] the lock's name): entries are taken in score order;
-# stale ones are dropped, and so is a client that no longer listens (PUBLISH
-# reached nobody: gone, or reconnecting, and then it wakes all its waiters
-# itself). Returns 1 if a client was woken, 0 if nobody waits.
+# the waiting set, KEYS[3] the turn key, ARGV[1] the lock's name, ARGV[2] the
+# turn in ms): entries are taken in score order; stale ones are dropped, and
+# so is a client that no longer listens (PUBLISH reached nobody: gone, or
+# reconnecting, and then it wakes all its waiters itself). The woken client
+# gets a short turn: until it tries (or the turn ends), tries of other clients
+# are answered as if the lock were taken, so the releaser cannot take the lock
+# straight back from under the client it woke. Returns 1 if a client was
+# woken, 0 if nobody waits.
 _WAKE_NEXT = """
 local function wake_next()
   local t = redis.call('TIME')
@@ -94,7 +98,10 @@ local function wake_next()
   while true do
     local head = redis.call('ZPOPMIN', KEYS[2])
     if #head == 0 then return 0 end
-    if tonumber(head[2]) >= now and redis.call('PUBLISH', head[1], ARGV[1]) > 0 then return 1 end
+    if tonumber(head[2]) >= now and redis.call('PUBLISH', head[1], ARGV[1]) > 0 then
+      redis.call('SET', KEYS[3], head[1], 'PX', ARGV[2])
+      return 1
+    end
   end
 end
 """
@@ -111,11 +118,14 @@ local function register(channel, now, pttl, ttl)
 end
 """
 
-# KEYS[1] lock hash, KEYS[2] fence counter, KEYS[3] waiting set
+# KEYS[1] lock hash, KEYS[2] fence counter, KEYS[3] waiting set, KEYS[4] turn key
 # ARGV[1] hold id, ARGV[2] ttl in ms, ARGV[3] fence counter lifetime in ms,
 # ARGV[4] this client's wake-up channel, ARGV[5] how long (ms) this client's
 # entry must live if this try wins, because it has other waiters for the lock
-# (until their next tries), or 0 if it has none
+# (until their next tries), 0 if it has none, -1 to leave the waiting set alone
+# (a client that does not wait for the lock: a first try, a try-lock).
+# A free lock that is another client's turn (see _WAKE_NEXT) answers {0, the
+# turn's remaining ms}; this client's own turn ends when it tries.
 # returns as ACQUIRE. A try that finds the lock taken registers the client in
 # the waiting set (or refreshes its entry); one that wins keeps the client's
 # entry (at the back) while it has other waiters, and removes it otherwise.
@@ -126,8 +136,19 @@ if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner = redis.call('HGET', KEYS[1], 'owner')
-if not owner or owner == ARGV[1] then
-  if tonumber(ARGV[5]) > 0 then
+local stay = tonumber(ARGV[5])
+if not owner then
+  local turn = redis.call('GET', KEYS[4])
+  if turn == ARGV[4] then
+    redis.call('DEL', KEYS[4])
+  elseif turn then
+    local left = redis.call('PTTL', KEYS[4])
+    if stay >= 0 then register(ARGV[4], now_ms, left, tonumber(ARGV[2])) end
+    return {0, left}
+  end
+end
+if stay >= 0 and (not owner or owner == ARGV[1]) then
+  if stay > 0 then
     register(ARGV[4], now_ms, 0, tonumber(ARGV[5]))
   else
     redis.call('ZREM', KEYS[3], ARGV[4])
@@ -147,20 +168,21 @@ if owner == ARGV[1] then
   return {1, redis.call('HGET', KEYS[1], 'token')}
 end
 local pttl = redis.call('PTTL', KEYS[1])
-register(ARGV[4], now_ms, pttl, tonumber(ARGV[2]))
+if stay >= 0 then register(ARGV[4], now_ms, pttl, tonumber(ARGV[2])) end
 return {0, pttl}
 """
 )
 
-# KEYS[1] lock hash, KEYS[2] waiting set (same slot)
-# ARGV[1] the lock's name (the wake-up message), ARGV[2] hold id
+# KEYS[1] lock hash, KEYS[2] waiting set, KEYS[3] turn key (same slot)
+# ARGV[1] the lock's name (the wake-up message), ARGV[2] the woken client's
+# turn in ms, ARGV[3] hold id
 # returns 1 if released (and the first live waiting client, if any, woken on
-# its own channel), 0 if ARGV[2] did not hold it (no change)
+# its own channel), 0 if ARGV[3] did not hold it (no change)
 RELEASE_WAKE = (
     _WAKE_NEXT
     + """
 if redis.replicate_commands then redis.replicate_commands() end
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[2] then
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[3] then
   redis.call('DEL', KEYS[1])
   wake_next()
   return 1
@@ -169,19 +191,24 @@ return 0
 """
 )
 
-# KEYS[1] lock hash, KEYS[2] waiting set
-# ARGV[1] the lock's name, ARGV[2] this client's wake-up channel, ARGV[3] "1"
-# to pass a wake-up on, "0" not to
+# KEYS[1] lock hash, KEYS[2] waiting set, KEYS[3] turn key
+# ARGV[1] the lock's name, ARGV[2] the next client's turn in ms, ARGV[3] this
+# client's wake-up channel, ARGV[4] "1" to pass a wake-up on, "0" not to
 # A client whose waiters for the lock have all left takes its entry out of the
-# waiting set and, if they left a wake-up unused, passes it on. Returns 1 if
+# waiting set and, if they left a wake-up (or its turn) unused, passes it on. Returns 1 if
 # the lock is free and another waiting client was woken, 0 otherwise (the lock
 # is taken, and its holder's release wakes the next; or nobody waits).
 LEAVE = (
     _WAKE_NEXT
     + """
 if redis.replicate_commands then redis.replicate_commands() end
-redis.call('ZREM', KEYS[2], ARGV[2])
-if ARGV[3] ~= '1' or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[3])
+local pass = ARGV[4] == '1'
+if redis.call('GET', KEYS[3]) == ARGV[3] then
+  redis.call('DEL', KEYS[3])
+  pass = true
+end
+if not pass or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 return wake_next()
 """
 )

@@ -8,9 +8,11 @@ that simply expires sends no message.
 
 A try that finds the lock taken registers its client in the lock's waiting
 set; a release wakes the first live client of that set alone, on the
-client's own channel, and that client wakes one of its waiters. A client
-whose waiters have all left by then passes the wake-up on (``LEAVE``), so
-one release costs one try, however many clients wait.
+client's own channel, and that client wakes one of its waiters. The woken
+client has a short turn (``TURN_MS``) in which other clients' tries are
+refused, so the releaser cannot take the lock straight back. A client whose
+waiters have all left by then passes the wake-up on (``LEAVE``), so one
+release costs one try, however many clients wait.
 
 The fair lock, the read-write lock and the semaphore are adapters
 (``_redis_primitives``): a server-side queue whose release script hands the
@@ -53,6 +55,8 @@ T = TypeVar("T")
 FENCE_LIFETIME_MS = 24 * 3600 * 1000
 #: Leases renewed by one script call.
 RENEW_CHUNK = 1000
+#: How long a client woken by a release has the lock to itself, in ms (see _redis_scripts).
+TURN_MS = 100
 #: Longest wait for the server to confirm a SUBSCRIBE, in seconds.
 SUBSCRIBE_TIMEOUT = 1.0
 
@@ -238,6 +242,9 @@ class RedisBackend:
         """The sorted set of the clients waiting for ``name``."""
         return f"{self._prefix}:{{{name}}}:waiting"
 
+    def _turn_key(self, name: str) -> str:
+        return f"{self._prefix}:{{{name}}}:turn"
+
     def _others_wait(self, name: str) -> bool:
         """Whether this client has waiters for ``name`` besides the one trying now."""
         listener = self._listener
@@ -252,10 +259,12 @@ class RedisBackend:
         Only a client that waits for ``name`` (subscribed) registers: a first
         try, or a try-lock, leaves the waiting set alone (None).
         """
-        if not self._wake_one_client or name not in self._waiting:
+        if not self._wake_one_client:
             keys = [self.lock_key(name), self._fence_key(name)]
             return self._acquire, keys, [hold, _ms(ttl), FENCE_LIFETIME_MS], None
-        keys = [self.lock_key(name), self._fence_key(name), self.waiting_key(name)]
+        keys = [self.lock_key(name), self._fence_key(name), self.waiting_key(name), self._turn_key(name)]
+        if name not in self._waiting:
+            return self._acquire_register, keys, [hold, _ms(ttl), FENCE_LIFETIME_MS, self.wake_channel, -1], None
         others = self._others_wait(name)
         stay_ms = 0
         if others:
@@ -270,7 +279,9 @@ class RedisBackend:
             done = await _call(self._release(keys=[self.lock_key(name), self.channel(name)], args=[hold]))
         else:
             done = await _call(
-                self._release_wake(keys=[self.lock_key(name), self.waiting_key(name)], args=[name, hold])
+                self._release_wake(
+                    keys=[self.lock_key(name), self.waiting_key(name), self._turn_key(name)], args=[name, TURN_MS, hold]
+                )
             )
         return bool(done)
 
@@ -447,9 +458,9 @@ class RedisBackend:
             listener._hooks.wake_all()
 
     async def _leave_waiting(self, name: str, pass_on: bool) -> None:
-        keys = [self.lock_key(name), self.waiting_key(name)]
+        keys = [self.lock_key(name), self.waiting_key(name), self._turn_key(name)]
         try:
-            await _call(self._leave(keys=keys, args=[name, self.wake_channel, "1" if pass_on else "0"]))
+            await _call(self._leave(keys=keys, args=[name, TURN_MS, self.wake_channel, "1" if pass_on else "0"]))
         except (LockError, OSError) as exc:
             # The others are still bounded by the lock's remaining lease.
             logger.info("could not pass a wake-up for %r on: %r", name, exc)
