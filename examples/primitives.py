@@ -60,7 +60,7 @@ async def readers_and_a_writer(locks: asynclock.Locks, log: list[str]) -> None:
             if reading >= {1, 2, 3}:
                 readers_in.set()
             await asyncio.sleep(PAUSE)
-        log.append(f"catalog: reader {i} done")
+            log.append(f"catalog: reader {i} done")  # (still inside: the next holder may go first)
 
     async def writer() -> None:
         await readers_in.wait()
@@ -68,7 +68,7 @@ async def readers_and_a_writer(locks: asynclock.Locks, log: list[str]) -> None:
             log.append(f"catalog: writer writes (token {lease.token})")
             async with rw.read:  # the writer may read too: it joins the write hold
                 await asyncio.sleep(PAUSE / 5)
-        log.append("catalog: writer done")
+            log.append("catalog: writer done")
 
     await asyncio.gather(reader(1), reader(2), reader(3), writer(), reader(4))
 
