@@ -29,30 +29,46 @@ backwards by more than the counter's lifetime.
 
 from __future__ import annotations
 
+# The take-or-re-enter rule both acquire scripts share. take(owner, t):
+# with no owner, take the lock for ARGV[1] (token from the fence rule; t is
+# the server's TIME if the caller has it already); if ARGV[1] owns it, reset
+# its ttl; either way {1, token}. nil if another hold has it.
+_TAKE = """
+local function take(owner, t)
+  if not owner then
+    if not t then
+      if redis.replicate_commands then redis.replicate_commands() end
+      t = redis.call('TIME')
+    end
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+    local token = string.format('%.0f', math.max(last + 1, now))
+    redis.call('SET', KEYS[2], token, 'PX', ARGV[3])
+    redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1, 'token', token)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, token}
+  end
+  if owner == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, redis.call('HGET', KEYS[1], 'token')}
+  end
+  return nil
+end
+"""
+
 # The acquire that registers no waiter (a first try, a try-lock; Cluster; Redlock's nodes):
 # KEYS[1] lock hash, KEYS[2] fence counter
 # ARGV[1] hold id, ARGV[2] ttl in ms, ARGV[3] fence counter lifetime in ms
 # returns {1, token} if ARGV[1] holds it now (new, or already: retries are
 # idempotent), {0, pttl} if another hold has it
-ACQUIRE = """
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if not owner then
-  if redis.replicate_commands then redis.replicate_commands() end
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  local token = string.format('%.0f', math.max(last + 1, now))
-  redis.call('SET', KEYS[2], token, 'PX', ARGV[3])
-  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1, 'token', token)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, token}
-end
-if owner == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, redis.call('HGET', KEYS[1], 'token')}
-end
+ACQUIRE = (
+    _TAKE
+    + """
+local got = take(redis.call('HGET', KEYS[1], 'owner'), nil)
+if got then return got end
 return {0, redis.call('PTTL', KEYS[1])}
 """
+)
 
 # KEYS[1] lock hash
 # ARGV[1] hold id, ARGV[2] hold count, ARGV[3] ttl in ms
@@ -131,6 +147,7 @@ end
 # entry (at the back) while it has other waiters, and removes it otherwise.
 ACQUIRE_REGISTER = (
     _REGISTER
+    + _TAKE
     + """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -154,19 +171,8 @@ if stay >= 0 and (not owner or owner == ARGV[1]) then
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
 end
-if not owner then
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  local token = string.format('%.0f', math.max(last + 1, now))
-  redis.call('SET', KEYS[2], token, 'PX', ARGV[3])
-  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1, 'token', token)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, token}
-end
-if owner == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, redis.call('HGET', KEYS[1], 'token')}
-end
+local got = take(owner, t)
+if got then return got end
 local pttl = redis.call('PTTL', KEYS[1])
 if stay >= 0 then register(ARGV[4], now_ms, pttl, tonumber(ARGV[2])) end
 return {0, pttl}
