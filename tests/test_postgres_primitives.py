@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
@@ -25,6 +23,7 @@ import pytest
 import asynclock
 from asynclock import LockTimeout
 from asynclock.backends.postgres import advisory_key, gate_key, rw_key
+from tests.child import ChildProcess, children
 from tests.harness_postgres import PostgresHarness, postgres_backend, unsigned
 from tests.servers import scaled
 from tests.servers.postgres import PostgresServer
@@ -292,47 +291,12 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-class Child:
+class Child(ChildProcess):
     """A child Python process using a semaphore."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
 
     @classmethod
     async def start(cls, pg: PostgresHarness, mode: str, name: str, ttl: float, permits: int, rounds: int) -> Child:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CHILD, pg.url, pg.prefix, mode, name, str(ttl), str(permits), str(rounds),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": os.getcwd()},
-        )  # fmt: skip
-        child = cls(proc)
-        assert await child.line() == "started"
-        return child
-
-    async def line(self) -> str:
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(scaled(30)):
-            return (await self.proc.stdout.readline()).decode().strip()
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-
-    async def wait(self) -> int:
-        async with asyncio.timeout(scaled(30)):
-            return await self.proc.wait()
-
-
-@contextlib.asynccontextmanager
-async def children() -> AsyncIterator[list[Child]]:
-    started: list[Child] = []
-    try:
-        yield started
-    finally:
-        for child in started:
-            child.kill()
-            with contextlib.suppress(Exception):
-                await child.wait()
+        return await cls.spawn(CHILD, pg.url, pg.prefix, mode, name, str(ttl), str(permits), str(rounds))
 
 
 async def test_permits_are_never_exceeded_across_processes(pg: PostgresHarness) -> None:

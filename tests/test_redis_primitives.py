@@ -7,11 +7,7 @@ The generic semantics run in ``test_primitives.py`` and the lock contract in
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import random
-import signal
-import sys
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -22,6 +18,7 @@ from asynclock import LockTimeout
 from asynclock._lease import drift
 from asynclock.backends._redis_primitives import RedisQueued
 from asynclock.backends.redis import RedisBackend, _ms
+from tests.child import ChildProcess, children
 from tests.harness import RedisHarness, redis_backend
 from tests.servers import RedisServer, scaled
 from tests.servers.redis_topologies import SentinelSetup
@@ -63,35 +60,12 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-class Child:
+class Child(ChildProcess):
     """A child Python process holding (or queueing for) a primitive."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
 
     @classmethod
     async def start(cls, url: str, prefix: str, kind: str, name: str, ttl: float, tag: str, then: str) -> Child:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CHILD, url, prefix, kind, name, str(ttl), tag, then,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": os.getcwd()},
-        )  # fmt: skip
-        child = cls(proc)
-        assert await child.line() == "started"
-        return child
-
-    async def line(self) -> str:
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(scaled(20)):
-            return (await self.proc.stdout.readline()).decode().strip()
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-
-    async def wait(self) -> int:
-        async with asyncio.timeout(scaled(20)):
-            return await self.proc.wait()
+        return await cls.spawn(CHILD, url, prefix, kind, name, str(ttl), tag, then)
 
 
 @pytest.fixture
@@ -112,18 +86,6 @@ async def fresh(redis_fresh: RedisServer) -> AsyncIterator[RedisHarness]:
 async def shared(redis_server: RedisServer) -> AsyncIterator[RedisHarness]:
     async with RedisHarness(redis_server) as h:
         yield h
-
-
-@contextlib.asynccontextmanager
-async def children() -> AsyncIterator[list[Child]]:
-    started: list[Child] = []
-    try:
-        yield started
-    finally:
-        for child in started:
-            child.kill()
-            with contextlib.suppress(Exception):
-                await child.wait()
 
 
 async def waiters(lock: asynclock.Lock, count: int, *, at_least: bool = False) -> None:
