@@ -17,7 +17,7 @@ import pytest
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.backends.postgres import PostgresBackend, advisory_key
+from asynclock.backends.postgres import PARK_TIME, PostgresBackend, advisory_key
 from tests.harness_postgres import PostgresHarness, postgres_backend, unsigned
 from tests.servers import free_port, scaled
 from tests.servers.postgres import PostgresServer
@@ -161,6 +161,46 @@ async def test_unreachable_server_raises_backend_unavailable_not_asyncpg(pg: Pos
         assert caught.value.__cause__ is not None
     finally:
         await locks.aclose()
+
+
+async def test_released_connections_are_reused_then_go_back_to_the_pool_clean(pg: PostgresHarness) -> None:
+    # A released lease connection stays with the client a moment, so a lock
+    # taken again at once runs on the same session (no pool hand-over); then
+    # every one goes back to the pool, with no lock and no setting of ours.
+    locks = pg.connect(ttl=TTL)
+    backend = postgres_backend(locks)
+    again = locks.lock("again")
+    await again.acquire()
+    first = await pg.holder_pid("again")
+    await again.release()
+    await again.acquire()
+    assert first is not None and await pg.holder_pid("again") == first
+    await again.release()
+    held = [locks.lock(f"kept-{i}") for i in range(3)]
+    for lock in held:
+        await lock.acquire()
+    pool = backend.pool
+    assert pool is not None
+    # Released at two moments: the connections parked later go back later.
+    await held[0].release()
+    await asyncio.sleep(PARK_TIME / 2)
+    for lock in held[1:]:
+        await lock.release()
+    assert pool.get_idle_size() < pool.get_size()  # kept by the client for now
+
+    async def all_back() -> bool:
+        return bool(pool.get_idle_size() == pool.get_size())
+
+    await until(all_back, "every kept connection went back to the pool", scaled(5) + 2 * PARK_TIME)
+    assert await pg.granted_to(locks) == []
+    conns = [await pool.acquire() for _ in range(pool.get_size())]
+    try:
+        for conn in conns:
+            assert not (await conn.fetchval("SHOW application_name")).startswith("asynclock")
+            assert await conn.fetchval("SHOW idle_session_timeout") == "0"
+    finally:
+        for conn in conns:
+            await pool.release(conn)
 
 
 async def test_url_options_and_a_configured_table(pg: PostgresHarness) -> None:

@@ -97,6 +97,7 @@ import math
 import struct
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -239,16 +240,36 @@ def _translate(exc: BaseException) -> BaseException:
     return exc
 
 
-@contextlib.asynccontextmanager
-async def _edge() -> AsyncIterator[None]:
-    """Translate client errors at the backend's edge (nothing of asyncpg leaks out)."""
-    try:
-        yield
-    except _CLIENT_ERRORS as exc:
+class _Edge:
+    """Translate client errors at the backend's edge (nothing of asyncpg leaks out).
+
+    ``with _EDGE:`` (around awaits too) on the hot paths, where an async
+    generator would cost a frame and a loop hook per request; ``async with
+    _EDGE, ...`` where it is combined with other async context managers.
+    """
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None or not isinstance(exc, _CLIENT_ERRORS):
+            return
         translated = _translate(exc)
-        if translated is exc:
-            raise
-        raise translated from exc
+        if translated is not exc:
+            raise translated from exc
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+_EDGE = _Edge()
 
 
 def _is_closed(conn: Any) -> bool:
@@ -271,7 +292,7 @@ def _quiet(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Hold:
     """One held advisory lock (or permit) and the connection (session) that holds it."""
 
@@ -290,7 +311,7 @@ class _Hold:
     on_close: Callable[[Any], None] | None = field(default=None, repr=False)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Attempt:
     """What one acquire did to its connection, so that giving it back undoes exactly that."""
 
@@ -353,7 +374,10 @@ class PostgresBackend:
         # and probes, or the application with a given pool, may take it).
         self._warm = 0
         # Clean lease connections kept for the next acquire (own pool only).
-        self._parked: list[tuple[Any, asyncio.TimerHandle]] = []
+        # (connection, when it goes back to the pool, clean-up bound), latest last;
+        # one timer sweeps them, so parking a connection arms no timer of its own.
+        self._parked: list[tuple[Any, float, float]] = []
+        self._sweep: asyncio.TimerHandle | None = None
 
     @classmethod
     def from_url(
@@ -459,9 +483,9 @@ class PostgresBackend:
                 # are given back; the pool's RESET ALL round trip is not needed.
                 options.setdefault("reset", _no_reset)
             options["init"] = _with_check_interval(options.get("init"))
-            async with _edge(), asyncio.timeout(ADMIN_TIMEOUT):
+            async with _EDGE, asyncio.timeout(ADMIN_TIMEOUT):
                 self._pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=self._max_leases + 1, **options)
-        async with _edge(), self._borrow(ADMIN_TIMEOUT) as conn:
+        async with _EDGE, self._borrow(ADMIN_TIMEOUT) as conn:
             version = int(await conn.fetchval("SELECT current_setting('server_version_num')"))
             self._pg14 = version >= 140000
             await self._create_table(conn)
@@ -623,10 +647,12 @@ class PostgresBackend:
         attempt = _Attempt()
         result: Acquired | None = None
         try:
-            # Connecting takes what it takes, but never longer than the lease
-            # time or the caller's time, whichever is longer.
-            connect_by = loop.time() + ttl if deadline is None else max(deadline, loop.time() + ttl)
-            conn = await self._checkout(connect_by)
+            conn = self._take_parked()  # a connection kept from a release: no pool hand-over
+            if conn is None:
+                # Connecting takes what it takes, but never longer than the lease
+                # time or the caller's time, whichever is longer.
+                connect_by = loop.time() + ttl if deadline is None else max(deadline, loop.time() + ttl)
+                conn = await self._checkout(connect_by)
             if shape.kind == "semaphore":
                 result = await self._take_permit(conn, shape, name, hold, ttl, deadline, attempt)
             else:
@@ -708,7 +734,7 @@ class PostgresBackend:
 
         attempt.dirty = True
         attempt.listener = on_release
-        async with _edge(), asyncio.timeout_at(loop.time() + ttl):
+        async with _EDGE, asyncio.timeout_at(loop.time() + ttl):
             await conn.add_listener(attempt.notify, on_release)
         lock_timeout = "0" if deadline is None else _ms(max(deadline - loop.time(), 0.001))
         row = await self._wait(conn, ttl, deadline, self._sql["sem_gate"], gate[0], gate[1], lock_timeout, _ms(ttl))
@@ -721,7 +747,7 @@ class PostgresBackend:
             sent = loop.time()
             # Only a fence row held elsewhere makes it wait: up to the deadline.
             lock_timeout = "0" if deadline is None else _ms(max(deadline - sent, 0.001))
-            async with _edge(), asyncio.timeout_at(sent + ttl):
+            async with _EDGE, asyncio.timeout_at(sent + ttl):
                 try:
                     row = await conn.fetchrow(self._sql["sem_head"], *args, lock_timeout)
                 except asyncpg.LockNotAvailableError:
@@ -750,10 +776,10 @@ class PostgresBackend:
         sent = loop.time()
         window = min(ttl / 3, 1.0) if deadline is None or deadline <= sent else deadline - sent
         attempt.dirty = True
-        async with _edge():
+        with _EDGE:
             try:
-                async with asyncio.timeout_at(sent + ttl):
-                    row = await conn.fetchrow(sql, *args, _ms(min(window, ttl)))
+                # (asyncpg's own timeout: one timer, cheaper than a timeout scope)
+                row = await conn.fetchrow(sql, *args, _ms(min(window, ttl)), timeout=ttl)
             except asyncpg.LockNotAvailableError:
                 row = None
             else:
@@ -779,7 +805,7 @@ class PostgresBackend:
             return
         attempt.dirty = True
         attempt.reset_check = True
-        async with _edge(), asyncio.timeout_at(asyncio.get_running_loop().time() + ttl):
+        async with _EDGE, asyncio.timeout_at(asyncio.get_running_loop().time() + ttl):
             await conn.execute(f"SET client_connection_check_interval = {CHECK_INTERVAL_MS}")
 
     async def _confirm(self, conn: Any, ttl: float, token: int, sent: float) -> Acquired:
@@ -790,7 +816,7 @@ class PostgresBackend:
             # A long wait: the grant's own send time is too old to count the
             # lease from. One ping on the lease connection, sent now, proves it.
             confirmed = loop.time()
-            async with _edge(), asyncio.timeout_at(confirmed + ttl):
+            async with _EDGE, asyncio.timeout_at(confirmed + ttl):
                 await conn.fetchval("SELECT 1")
         return Acquired(token, confirmed_at=confirmed)
 
@@ -807,12 +833,12 @@ class PostgresBackend:
             cleanup, args = self._cleanup_sql(attempt), ()
         record = _Hold(name=name, shape=shape, conn=conn, ttl=ttl, cleanup=cleanup, cleanup_args=args, hooks=hooks)
         record.listener = _listening(attempt)
-        record.on_close = self._on_close_callback(hold, record)
+        record.on_close = on_close = self._on_close_callback(hold)
         with contextlib.suppress(asyncpg.InterfaceError):  # a proxy the pool took back: closed
-            conn.add_termination_listener(record.on_close)
+            conn.add_termination_listener(on_close)
         if _is_closed(conn):
             with contextlib.suppress(asyncpg.InterfaceError):
-                conn.remove_termination_listener(record.on_close)
+                conn.remove_termination_listener(on_close)
             raise BackendUnavailable("the PostgreSQL connection closed right after the lock was granted")
         self._holds[hold] = record
 
@@ -838,7 +864,7 @@ class PostgresBackend:
                 if done:
                     if isinstance(task.exception(), asyncpg.LockNotAvailableError):
                         return None  # lock_timeout: the server gave up waiting
-                    async with _edge():
+                    with _EDGE:
                         return task.result()
                 if deadline is not None and loop.time() >= deadline + grace:
                     raise BackendUnavailable("PostgreSQL did not answer within the acquire timeout")
@@ -869,9 +895,12 @@ class PostgresBackend:
             return False
         return True
 
-    def _on_close_callback(self, hold: str, record: _Hold) -> Callable[[Any], None]:
+    def _on_close_callback(self, hold: str) -> Callable[[Any], None]:
+        # (It finds the record by its hold id, which no other acquisition
+        # shares: no reference cycle for the garbage collector to break.)
         def on_close(_conn: Any) -> None:
-            if record.released or record.lost or self._holds.get(hold) is not record:
+            record = self._holds.get(hold)
+            if record is None or record.released or record.lost:
                 return
             record.lost = True
             if record.hooks is not None:
@@ -905,6 +934,13 @@ class PostgresBackend:
             _terminate(conn)  # lets the pool take its holder back
             return False
         try:
+            if listener is None and not wait_for_pool:
+                # A release: one statement, bounded by asyncpg's own timeout (one
+                # timer, cheaper than a timeout scope), then parked.
+                if cleanup is not None:
+                    await conn.execute(cleanup, *args, timeout=bound)
+                self._park(conn, bound)
+                return True
             async with asyncio.timeout(bound):
                 if listener is not None:
                     await conn.remove_listener(*listener)  # UNLISTEN, and the callback is gone
@@ -930,21 +966,30 @@ class PostgresBackend:
         if not self._owns_pool or len(self._parked) >= PARK_MAX:
             self._later(self._return(conn, bound))
             return
-        handle = asyncio.get_running_loop().call_later(PARK_TIME, self._unpark, conn, bound)
-        self._parked.append((conn, handle))
+        loop = asyncio.get_running_loop()
+        self._parked.append((conn, loop.time() + PARK_TIME, bound))
+        if self._sweep is None:
+            self._sweep = loop.call_later(PARK_TIME, self._sweep_parked)
 
-    def _unpark(self, conn: Any, bound: float) -> None:
-        for i, (parked, _) in enumerate(self._parked):
-            if parked is conn:
-                del self._parked[i]
+    def _sweep_parked(self) -> None:
+        """Give the connections parked for ``PARK_TIME`` back to the pool; come back for the rest."""
+        self._sweep = None
+        now = asyncio.get_running_loop().time()
+        keep = []
+        for conn, until, bound in self._parked:
+            if until <= now:
                 self._later(self._return(conn, bound))
-                return
+            else:
+                keep.append((conn, until, bound))
+        self._parked = keep
+        if keep:
+            # the oldest goes first (every connection is parked for the same time)
+            self._sweep = asyncio.get_running_loop().call_at(keep[0][1], self._sweep_parked)
 
     def _take_parked(self) -> Any:
         """A clean, open lease connection kept by ``_park`` (the latest), or None."""
         while self._parked:
-            conn, handle = self._parked.pop()
-            handle.cancel()
+            conn = self._parked.pop()[0]
             if not _is_closed(conn):
                 return conn
             _terminate(conn)  # closed while parked: the pool takes its holder back
@@ -976,7 +1021,7 @@ class PostgresBackend:
         assert self._slots is not None
         conn = record.conn
         if record.on_close is not None:
-            with contextlib.suppress(asyncpg.InterfaceError):
+            with contextlib.suppress(asyncpg.InterfaceError):  # a proxy the pool took back: closed
                 conn.remove_termination_listener(record.on_close)
         alive = not record.lost and not _is_closed(conn)
         try:
@@ -1057,7 +1102,7 @@ class PostgresBackend:
             ORDER BY l.pid
         """
         fence = f"SELECT value FROM {_table_sql(self._table)} WHERE name = $1"
-        async with _edge(), self._borrow(ADMIN_TIMEOUT) as conn:
+        async with _EDGE, self._borrow(ADMIN_TIMEOUT) as conn:
             rows = await conn.fetch(
                 sql,
                 main[0] & 0xFFFFFFFF,
@@ -1120,7 +1165,7 @@ class PostgresBackend:
             )
             ORDER BY f.name
         """
-        async with _edge(), self._borrow(ADMIN_TIMEOUT) as conn:
+        async with _EDGE, self._borrow(ADMIN_TIMEOUT) as conn:
             rows = await conn.fetch(sql)
         return [bytes(row["name"]).decode() for row in rows]
 
@@ -1133,6 +1178,9 @@ class PostgresBackend:
         for task in (self._probe, self._starting):
             if task is not None and not task.done():
                 task.cancel()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         while (conn := self._take_parked()) is not None:
             self._later(self._return(conn, CLEANUP_TIMEOUT))
         if self._background:
@@ -1169,11 +1217,11 @@ class PostgresBackend:
             return conn
         if self._warm > 0:
             self._warm -= 1
-            async with _edge():
+            with _EDGE:
                 return await pool.acquire()
         task = asyncio.get_running_loop().create_task(_acquire_from(pool))
         try:
-            async with _edge(), asyncio.timeout_at(bound):
+            async with _EDGE, asyncio.timeout_at(bound):
                 return await asyncio.shield(task)
         except BaseException:
             if task.done():
