@@ -242,23 +242,36 @@ class LeaseKeeper:
 
     def _push(self, lease: Lease) -> None:
         first = self._heap[0][0] if self._heap else None
+        if len(self._heap) > 2 * len(self._leases) + 64:
+            self._heap = [entry for entry in self._heap if not self._stale(entry)]
+            heapq.heapify(self._heap)
         heapq.heappush(self._heap, (lease._next_due, next(self._seq), lease))
         if first is None or lease._next_due < first:
             self._changed.set()
+
+    def _stale(self, entry: tuple[float, int, Lease]) -> bool:
+        """Whether a heap entry belongs to a lease released, lost or rescheduled since."""
+        lease = entry[2]
+        return lease._hold not in self._leases or lease._next_due != entry[0]
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             heap = self._heap
-            # drop entries of released or rescheduled leases
-            while heap and (heap[0][2]._hold not in self._leases or heap[0][2]._next_due != heap[0][0]):
+            now = loop.time()
+            # Drop entries of released or rescheduled leases once they are due.
+            # (Not earlier: a heap emptied of them would make the very next
+            # acquire wake this task, once per acquire of a client that
+            # acquires and releases in turn. ``_push`` rebuilds the heap when
+            # they pile up.)
+            while heap and heap[0][0] <= now and self._stale(heap[0]):
                 heapq.heappop(heap)
             if not heap:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
             due = heap[0][0]
-            if due > loop.time():
+            if due > now:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout_at(due):

@@ -375,3 +375,38 @@ async def test_a_release_lets_the_waiter_it_woke_in_this_process_go_first() -> N
             order.append("releaser")
         await asyncio.wait_for(task, scaled(5))
         assert order == ["waiter", "releaser"]
+
+
+async def test_the_watchdog_sleeps_through_acquires_and_releases_in_turn_and_still_renews() -> None:
+    """A client that acquires and releases one lock over and over does not wake
+    its watchdog each time (the released leases' heap entries wait until they
+    are due, and are compacted when they pile up); the leases held meanwhile,
+    including one with a shorter ttl, are still renewed in time."""
+    async with asynclock.connect("memory://", ttl=TTL) as locks:
+        lock = locks.lock("turns")
+        await lock.acquire()
+        await lock.release()
+        keeper = locks._keeper
+        assert keeper is not None
+        wakes = 0
+        set_event = keeper._changed.set
+
+        def counted() -> None:
+            nonlocal wakes
+            wakes += 1
+            set_event()
+
+        keeper._changed.set = counted  # type: ignore[method-assign]
+        for _ in range(500):
+            await lock.acquire()
+            await lock.release()
+            assert len(keeper._heap) <= 70  # compacted past twice the live leases + 64
+        assert wakes <= 1, f"the watchdog was woken {wakes} times by 500 acquires"
+        # Held past several ttls, while stale entries of longer leases sit in the heap.
+        short = locks.lock("short", ttl=TTL / 2)
+        async with lock as long_lease, short as short_lease:
+            for _ in range(50):
+                async with locks.lock("churn"):
+                    pass
+            await asyncio.sleep(3 * TTL)
+            assert not long_lease.lost and not short_lease.lost
