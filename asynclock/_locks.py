@@ -561,20 +561,29 @@ class Lock:
         locks._forget(lease)
         lease._released = True
         held_s = asyncio.get_running_loop().time() - lease._acquired_at
-        # In a task of its own: a cancellation of the caller does not stop it.
-        # (Awaiting it directly is a little faster uncontended, but then a task
-        # that releases and acquires again wins nearly every race against the
-        # waiters the release woke in other processes, and starves them.)
-        released = await _shielded(locks, locks._release_on_server(lease, raise_errors=True))
+        try:
+            released = await locks._release_on_server(lease, raise_errors=True)
+        except asyncio.CancelledError:
+            # The caller is cancelled; the hold must still go. A release by the
+            # hold's identity is idempotent, so repeating one that may have gone
+            # out already is harmless. (Awaited directly, not in a task of its
+            # own, to keep the common case to the request's own loop turns;
+            # the releaser cannot take the lock straight back from a waiter of
+            # another client the release woke: that client has a turn, see the
+            # backends.)
+            locks._spawn(locks._release_on_server(lease, raise_errors=False))
+            raise
         if not released:
             lease._released = False
             lease._lose("the server no longer had this hold at release (expired or taken)")
             raise NotHeld(self.name, "the lease had expired or been taken before release")
         locks._emit("released", self.name, owner, lease.token, held_s=held_s)
-        # One event-loop turn before the caller goes on: a waiter this release
-        # woke in this process tries first, instead of losing every time to the
-        # releasing task's next acquire (which would starve it).
-        await asyncio.sleep(0)
+        hub = locks._hubs.get(self._shape)
+        if hub is not None and hub.waiting(self.name):
+            # One event-loop turn before the caller goes on: a waiter this
+            # release woke in this process tries first, instead of losing every
+            # time to the releasing task's next acquire (which would starve it).
+            await asyncio.sleep(0)
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
@@ -689,21 +698,27 @@ class Lock:
         if deadline is not None:
             window = min(lease._lease_time / 3, _REQUEST_WINDOW)
             bound = min(bound, max(deadline, sent + window))
-        task = loop.create_task(backend.try_acquire(self.name, hold, self.ttl))
+        # Awaited directly, not in a task of its own: a try is one request, and
+        # the common case stays at that request's own loop turns. Cut short
+        # (cancelled, or past its bound), its outcome is unknown: release the
+        # hold by its identity, which is harmless if the try got nothing, and
+        # retry under a new hold id, so that release can never take a later
+        # try's hold.
         try:
             async with asyncio.timeout_at(bound):
-                result = await asyncio.shield(task)
+                result = await backend.try_acquire(self.name, hold, self.ttl)
         except asyncio.CancelledError:
-            # The request may still run on the server: once it has answered,
-            # give back anything it got, before the cancellation goes on.
-            await _settle(locks, self._rollback(task, lease), min(lease._lease_time / 3, _REQUEST_WINDOW))
+            # Give back anything it got before the cancellation goes on.
+            await _settle(
+                locks,
+                _discard(locks._release_on_server(lease, raise_errors=False)),
+                min(lease._lease_time / 3, _REQUEST_WINDOW),
+            )
             raise
-        except (LockError, OSError, TimeoutError) as exc:
-            if not task.done():
-                # Still in flight: roll it back once it answers. That rollback
-                # releases by this hold id, so the next try must use a new one.
-                locks._spawn(self._rollback(task, lease))
-                return _HoldRetired(exc)
+        except TimeoutError as exc:
+            locks._spawn(locks._release_on_server(lease, raise_errors=False))
+            return _HoldRetired(exc)
+        except (LockError, OSError) as exc:
             return exc
         if isinstance(result, Busy):
             return result
@@ -852,6 +867,10 @@ async def _settle(locks: Locks, coro: Coroutine[Any, Any, None], within: float) 
             return
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({task}, timeout=left)
+
+
+async def _discard(coro: Coroutine[Any, Any, Any]) -> None:
+    await coro
 
 
 async def _shielded(locks: Locks, coro: Coroutine[Any, Any, T]) -> T:

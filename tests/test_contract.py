@@ -284,7 +284,20 @@ async def test_cancelling_acquire_or_release_at_random_points_never_leaves_a_hol
         await lock.acquire()
         await lock.release()
 
+    async def hold_briefly(taken: asyncio.Event) -> None:
+        async with other.lock("fuzz"):
+            taken.set()
+            await asyncio.sleep(rng.uniform(0, 0.003))
+
     for i in range(60):
+        blocker = None
+        if i % 3 == 0:
+            # Taken by another client and let go a moment later: the
+            # cancellation lands in the wait, or around the hand-over. (An
+            # uncontended in-process acquire and release may never yield.)
+            taken = asyncio.Event()
+            blocker = asyncio.create_task(hold_briefly(taken))
+            await taken.wait()
         task = asyncio.create_task(use())
         if i % 2:
             await asyncio.sleep(rng.uniform(0, 0.003))
@@ -296,6 +309,8 @@ async def test_cancelling_acquire_or_release_at_random_points_never_leaves_a_hol
             await task
         except asyncio.CancelledError:
             cancelled += 1
+        if blocker is not None:
+            await blocker
         # wherever the cancellation landed, the lock is free for somebody else
         # right away (not after the ttl)
         async with asyncio.timeout(TTL / 2):
