@@ -109,11 +109,14 @@ RELEASE_SHARDED = _RELEASE.format(publish="SPUBLISH")
 # woken, 0 if nobody waits.
 _WAKE_NEXT = """
 local function wake_next()
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now
   while true do
     local head = redis.call('ZPOPMIN', KEYS[2])
     if #head == 0 then return 0 end
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
     if tonumber(head[2]) >= now and redis.call('PUBLISH', head[1], ARGV[1]) > 0 then
       redis.call('SET', KEYS[3], head[1], 'PX', ARGV[2])
       return 1
@@ -150,8 +153,16 @@ ACQUIRE_REGISTER = (
     + _TAKE
     + """
 if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- the server's time, read once and only when needed (a first try that
+-- takes a free lock needs none)
+local t, now_ms
+local function clock()
+  if not t then
+    t = redis.call('TIME')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_ms
+end
 local owner = redis.call('HGET', KEYS[1], 'owner')
 local stay = tonumber(ARGV[5])
 if not owner then
@@ -160,13 +171,13 @@ if not owner then
     redis.call('DEL', KEYS[4])
   elseif turn then
     local left = redis.call('PTTL', KEYS[4])
-    if stay >= 0 then register(ARGV[4], now_ms, left, tonumber(ARGV[2])) end
+    if stay >= 0 then register(ARGV[4], clock(), left, tonumber(ARGV[2])) end
     return {0, left}
   end
 end
 if stay >= 0 and (not owner or owner == ARGV[1]) then
   if stay > 0 then
-    register(ARGV[4], now_ms, 0, tonumber(ARGV[5]))
+    register(ARGV[4], clock(), 0, tonumber(ARGV[5]))
   else
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
@@ -174,7 +185,7 @@ end
 local got = take(owner, t)
 if got then return got end
 local pttl = redis.call('PTTL', KEYS[1])
-if stay >= 0 then register(ARGV[4], now_ms, pttl, tonumber(ARGV[2])) end
+if stay >= 0 then register(ARGV[4], clock(), pttl, tonumber(ARGV[2])) end
 return {0, pttl}
 """
 )
