@@ -492,6 +492,27 @@ async def test_a_silent_server_is_not_waited_for_forever(pg: PostgresHarness) ->
     assert not waiter.lock("silent").held
 
 
+async def test_a_try_to_a_silent_server_ends_within_the_ttl(pg: PostgresHarness) -> None:
+    # The try of an uncontended acquire runs on a connection kept from the last
+    # release; a server that stops answering it must not hold the caller past
+    # the ttl, and the connection is closed (its session ends with it).
+    locks = pg.connect(ttl=TTL)
+    other = pg.connect(ttl=TTL)
+    lock = locks.lock("mute")
+    await lock.acquire()
+    await lock.release()
+    pg.server.pause()
+    try:
+        async with asyncio.timeout(scaled(5)):
+            with pytest.raises(BackendUnavailable):
+                await lock.acquire()  # timeout=None: only the ttl bounds the try
+    finally:
+        pg.server.resume()
+    assert not lock.held
+    async with asyncio.timeout(scaled(5)), other.lock("mute") as lease:
+        assert lease.token is not None
+
+
 async def test_idle_session_timeout_ends_a_hung_holders_session(pg: PostgresHarness) -> None:
     # A holder whose process hangs sends no pings: the server ends its session
     # a ttl after its last statement, and the lock with it.

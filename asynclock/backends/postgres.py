@@ -378,6 +378,20 @@ class PostgresBackend:
         # one timer sweeps them, so parking a connection arms no timer of its own.
         self._parked: list[tuple[Any, float, float]] = []
         self._sweep: asyncio.TimerHandle | None = None
+        # The hot requests (a try, a release) in flight: connection -> the loop
+        # time by which it must have answered, else it is closed (its session,
+        # and its locks, end with it). One timer watches them all, instead of
+        # a timer per request.
+        self._inflight: dict[Any, float] = {}
+        self._watch: asyncio.TimerHandle | None = None
+        self._watch_at = math.inf
+        # asyncpg's own statement timeout for those requests: none (no timer)
+        # on asynclock's own pool unless command_timeout was asked for; on a
+        # given pool one that never fires first, so its command_timeout does
+        # not cut our requests short.
+        self._hot_timeout: float | None = (
+            None if pool is None and "command_timeout" not in self._pool_options else _NO_COMMAND_TIMEOUT
+        )
 
     @classmethod
     def from_url(
@@ -778,8 +792,11 @@ class PostgresBackend:
         attempt.dirty = True
         with _EDGE:
             try:
-                # (asyncpg's own timeout: one timer, cheaper than a timeout scope)
-                row = await conn.fetchrow(sql, *args, _ms(min(window, ttl)), timeout=ttl)
+                self._bound(conn, sent + ttl)
+                try:
+                    row = await conn.fetchrow(sql, *args, _ms(min(window, ttl)), timeout=self._hot_timeout)
+                finally:
+                    self._inflight.pop(conn, None)
             except asyncpg.LockNotAvailableError:
                 row = None
             else:
@@ -935,10 +952,16 @@ class PostgresBackend:
             return False
         try:
             if listener is None and not wait_for_pool:
-                # A release: one statement, bounded by asyncpg's own timeout (one
-                # timer, cheaper than a timeout scope), then parked.
+                # A release: one statement, bounded by the in-flight watch, then parked.
                 if cleanup is not None:
-                    await conn.execute(cleanup, *args, timeout=bound)
+                    self._bound(conn, asyncio.get_running_loop().time() + bound)
+                    try:
+                        await conn.execute(cleanup, *args, timeout=self._hot_timeout)
+                    finally:
+                        self._inflight.pop(conn, None)
+                    if _is_closed(conn):  # closed by the watch (or the server) meanwhile
+                        _terminate(conn)
+                        return False
                 self._park(conn, bound)
                 return True
             async with asyncio.timeout(bound):
@@ -960,6 +983,34 @@ class PostgresBackend:
             return False
         self._warm += 1
         return True
+
+    def _bound(self, conn: Any, deadline: float) -> None:
+        """Watch a request on ``conn``: unanswered by ``deadline`` (loop time), the connection is closed.
+
+        The caller removes ``conn`` from ``_inflight`` once answered. A closed
+        connection fails the request (``BackendUnavailable`` at the edge) and
+        ends the session, so nothing it may have got outlives it.
+        """
+        self._inflight[conn] = deadline
+        if deadline < self._watch_at:
+            if self._watch is not None:
+                self._watch.cancel()
+            self._watch_at = deadline
+            self._watch = asyncio.get_running_loop().call_at(deadline, self._check_inflight)
+
+    def _check_inflight(self) -> None:
+        """The watch: close the connections of overdue requests; come back for the earliest other one."""
+        self._watch, self._watch_at = None, math.inf
+        now = asyncio.get_running_loop().time()
+        for conn, deadline in list(self._inflight.items()):
+            if deadline <= now:
+                del self._inflight[conn]
+                logger.info("closing a PostgreSQL connection whose request went unanswered in time")
+                _terminate(conn)
+        if self._inflight:
+            earliest = min(self._inflight.values())
+            self._watch_at = earliest
+            self._watch = asyncio.get_running_loop().call_at(earliest, self._check_inflight)
 
     def _park(self, conn: Any, bound: float) -> None:
         """Keep a clean lease connection for the next acquire a moment, else give it back to the pool."""
@@ -1181,6 +1232,9 @@ class PostgresBackend:
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch, self._watch_at = None, math.inf
         while (conn := self._take_parked()) is not None:
             self._later(self._return(conn, CLEANUP_TIMEOUT))
         if self._background:
