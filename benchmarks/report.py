@@ -98,6 +98,29 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
+def _context(results: dict[str, Any]) -> list[tuple[str, str, float, str, str]]:
+    """The plain-lock Redis targets' yardsticks applied to the fair lock and to memory://."""
+    con = results.get("contended", {})
+    floor = _floor_us(results, "redis")
+    prl = con.get("python-redis-lock", {}).get("per_s")
+    rows: list[tuple[str, str, float, str, str]] = []
+    fair = con.get("asynclock-redis-fair")
+    if fair is not None:
+        label = _label("asynclock-redis-fair")
+        if floor:
+            rows.append(("handoff median / raw floor", label, fair["handoff_median_ms"] * 1000 / floor, "x", "≤ 0.6x"))
+            rows.append(("handoff p99 / raw floor", label, fair["handoff_p99_ms"] * 1000 / floor, "x", "≤ 2x"))
+        if prl:
+            rows.append(("throughput / python-redis-lock", label, fair["per_s"] / prl, "x", "≥ 1.2x"))
+        if fair.get("round_trips_per_acq") is not None:
+            rows.append(("client round trips per acquisition", label, fair["round_trips_per_acq"], "", "≤ 3"))
+    memory = con.get("asynclock-memory")
+    if memory is not None and prl:
+        ceiling = memory["per_s"] / prl
+        rows.append(("throughput / python-redis-lock", _label("asynclock-memory"), ceiling, "x", "≥ 1.2x"))
+    return rows
+
+
 # -- Markdown ---------------------------------------------------------------------------
 
 
@@ -205,6 +228,18 @@ def markdown(results: dict[str, Any]) -> str:
             met = {True: "yes", False: "**no**", None: "not measured"}[c["met"]]
             sign = "≥" if c["at_least"] else "≤"
             lines.append(f"| {c['target']} | {_f(c['value'])}{c['unit']} | {sign} {c['limit']:g}{c['unit']} | {met} |")
+        lines.append("")
+    context = _context(results)
+    if context:
+        lines += [
+            "**The Redis targets measured on other subjects** (not targets: what the same "
+            "yardsticks give for the fair lock, whose release hands the lock over inside the "
+            "script, and for memory://, which never leaves the process)",
+            "",
+            "| measure | subject | measured | the target's limit |",
+            "| --- | --- | ---: | ---: |",
+        ]
+        lines += [f"| {what} | {who} | {_f(value)}{unit} | {limit} |" for what, who, value, unit, limit in context]
         lines.append("")
     skipped = results.get("skipped") or {}
     if skipped:
