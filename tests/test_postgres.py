@@ -211,7 +211,7 @@ async def test_url_options_and_a_configured_table(pg: PostgresHarness) -> None:
         locks = pg.connect(ttl=TTL, table=f"{schema}.fences")
         async with locks.lock("t") as lease:
             assert lease.token == 1
-        assert await admin.fetchval(f'SELECT value FROM "{schema}".fences') == 1
+        assert await admin.fetchval(f'SELECT value FROM "{schema}".fences WHERE name = $1', b"t") == 1
         # options also come in the URL, and do not reach the server as settings
         sep = "&" if "?" in pg.url else "?"
         url = f"{pg.url}{sep}max_leases=3&table={schema}.from_url&prefix={pg.prefix}&ttl={TTL}"
@@ -220,7 +220,12 @@ async def test_url_options_and_a_configured_table(pg: PostgresHarness) -> None:
             assert url_locks.ttl == TTL
             async with url_locks.lock("t") as lease:
                 assert lease.token == 1
-        assert await admin.fetchval(f'SELECT value FROM "{schema}".from_url') == 1
+        assert await admin.fetchval(f'SELECT value FROM "{schema}".from_url WHERE name = $1', b"t") == 1
+        # both are unlogged: a token costs the acquire no WAL flush
+        persistence = await admin.fetch(
+            "SELECT relpersistence FROM pg_class WHERE relnamespace = $1::regnamespace AND relkind = 'r'", schema
+        )
+        assert sorted(row[0] for row in persistence) == [b"u", b"u"]
     finally:
         await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
@@ -346,6 +351,32 @@ async def test_tokens_increase_across_clients_and_client_restarts(pg: PostgresHa
                 tokens.append(lease.token)
         await locks.aclose()
     assert tokens == sorted(set(tokens)) and len(tokens) == 6
+
+
+async def test_tokens_keep_increasing_after_a_server_crash() -> None:
+    # The counter table is unlogged (no WAL flush per acquire): a crash empties
+    # it, and the next token is then the server time in µs, above every token
+    # handed out before, whatever synchronous_commit says (off here).
+    server = PostgresServer()  # its own: this test crashes it
+    try:
+        server.start()
+        tokens: list[int] = []
+        async with asynclock.connect(server.url, ttl=TTL) as locks:
+            for _ in range(3):
+                async with locks.lock("crash") as lease:
+                    assert lease.token is not None
+                    tokens.append(lease.token)
+        server.restart(crash=True)
+        async with asynclock.connect(server.url, ttl=TTL) as locks:
+            for _ in range(2):
+                async with locks.lock("crash") as lease:
+                    assert lease.token is not None
+                    tokens.append(lease.token)
+        assert tokens[:3] == [1, 2, 3]  # a new table counts from 1
+        assert tokens == sorted(set(tokens)) and tokens[3] > 3
+    finally:
+        server.stop()
+        server.cleanup()
 
 
 async def test_names_with_nul_and_unicode_are_distinct(pg: PostgresHarness) -> None:

@@ -30,7 +30,16 @@ lease, one connection per hold:
   loses its holds at once, through asyncpg's termination listener.
 * The fencing token is a per-name counter, UPSERT'ed in the same statement
   that takes the lock, in the table ``<prefix>_fence`` (``table=`` to choose
-  another, ``schema.table`` allowed), created when missing.
+  another, ``schema.table`` allowed), created when missing. The table is
+  UNLOGGED: an increment writes no WAL, so an acquire never waits for a WAL
+  flush, whatever ``synchronous_commit`` says. A crash (or a restore, or a
+  failover to a standby) empties such a table, and the counters start again
+  from the server time in µs, above every token handed out before as long as
+  the server's clock has not stepped back by more than the time since then
+  (Redis's rule). A new table counts each name from 1: an epoch row, written
+  with the table (durably) and gone with its contents, tells the two apart.
+  A table an earlier version made stays logged and works the same (``ALTER
+  TABLE ... SET UNLOGGED`` spares its flush).
 * Names map to keys in the two-int advisory space (``pg_advisory_lock(int4,
   int4)``, ``objsubid = 2`` in ``pg_locks``): 64 bits of BLAKE2b over
   prefix and name. The two-int space keeps clear of the single-bigint keys
@@ -80,9 +89,10 @@ transaction-pooling PgBouncer between asynclock and PostgreSQL.
 What it does not survive: advisory locks live in the primary's memory and are
 not replicated. After a failover the new primary knows no locks, while a
 holder still connected to an old primary that keeps running believes it holds
-its lock; and with asynchronous replication the promoted server may miss the
-last counter increments, so a token can repeat. Use it on one primary (or
-accept that a failover is a window where only your own fencing checks help).
+its lock. Its tokens start from its own clock (the counter table is unlogged,
+so it comes up empty there): they keep increasing if the two servers' clocks
+agree to within the failover's duration. Use it on one primary (or accept that
+a failover is a window where only your own fencing checks help).
 """
 
 from __future__ import annotations
@@ -153,6 +163,9 @@ _CLIENT_ERRORS: tuple[type[BaseException], ...] = (
 #: no UTF-8 text starts with, so they never meet a plain lock's row.
 _RW_ROW = b"\xffrw\0"
 _SEM_ROW = b"\xffsem\0"
+#: The fence table's epoch row: there from the table's creation until a crash
+#: empties the (unlogged) table; see ``_create_table``.
+_EPOCH_ROW = b"\xffepoch\0"
 
 
 def _digest_key(person: bytes, data: bytes) -> Key:
@@ -507,20 +520,30 @@ class PostgresBackend:
         self._prepare_sql()
 
     async def _create_table(self, conn: Any) -> None:
-        ddl = (
-            f"CREATE TABLE IF NOT EXISTS {_table_sql(self._table)} ("
-            "name bytea PRIMARY KEY, k1 int4 NOT NULL, k2 int4 NOT NULL, value bigint NOT NULL)"
-        )
-        # Two clients creating it at the same moment collide in the catalog
-        # (the loser's error comes once the winner committed): try again, and
-        # IF NOT EXISTS then sees the winner's table.
-        for attempt in range(3):
-            try:
-                await conn.execute(ddl)
-                return
-            except (asyncpg.UniqueViolationError, asyncpg.DuplicateTableError, asyncpg.DuplicateObjectError):
-                if attempt == 2:
-                    raise
+        """Create the fence table (unlogged) with its epoch row, unless it is there already.
+
+        The epoch row is written in the transaction that creates the table, so
+        it exists exactly while no crash has emptied the table: a name's
+        first token is then 1, and after a crash (no epoch row) it is the
+        server time in µs, above every token handed out before.
+        """
+        table = _table_sql(self._table)
+        if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
+            return  # (a table of an earlier version stays logged, and works the same)
+        try:
+            async with conn.transaction():
+                # Durable whatever the server's setting: a table lost in a crash
+                # would come back new, with an epoch row, and count from 1 again.
+                await conn.execute("SET LOCAL synchronous_commit = on")
+                await conn.execute(
+                    f"CREATE UNLOGGED TABLE {table} ("
+                    "name bytea PRIMARY KEY, k1 int4 NOT NULL, k2 int4 NOT NULL, value bigint NOT NULL)"
+                )
+                await conn.execute(f"INSERT INTO {table} (name, k1, k2, value) VALUES ($1, 0, 0, 0)", _EPOCH_ROW)
+        except (asyncpg.UniqueViolationError, asyncpg.DuplicateTableError, asyncpg.DuplicateObjectError):
+            # Another client created it at the same moment (its error comes
+            # once the winner committed): the winner's table, epoch row included.
+            pass
 
     def _prepare_sql(self) -> None:
         table = _table_sql(self._table)
@@ -536,10 +559,17 @@ class PostgresBackend:
         )
         restore = "(SELECT app0 FROM cfg) AS app0, (SELECT idle0 FROM cfg) AS idle0"
 
+        # A name's first token: one above the epoch row's value (0), or, when a
+        # crash has emptied the table (no epoch row), above the server time in µs.
+        first = (
+            f"coalesce((SELECT e.value FROM {table} e WHERE e.name = decode('{_EPOCH_ROW.hex()}', 'hex')),"
+            " (extract(epoch from clock_timestamp()) * 1000000)::int8) + 1"
+        )
+
         def fence(row: int, source: str, granted: str) -> str:
             return f"""fence AS (
                 INSERT INTO {table} AS f (name, k1, k2, value)
-                SELECT ${row}::bytea, $1, $2, 1 FROM {source} WHERE {granted}
+                SELECT ${row}::bytea, $1, $2, {first} FROM {source} WHERE {granted}
                 ON CONFLICT (name) DO UPDATE SET value = f.value + 1, k1 = EXCLUDED.k1, k2 = EXCLUDED.k2
                 RETURNING f.value
             )"""
