@@ -379,6 +379,24 @@ async def test_tokens_keep_increasing_after_a_server_crash() -> None:
         server.cleanup()
 
 
+async def test_clients_creating_the_counter_table_at_once_all_count_from_one(pg: PostgresHarness) -> None:
+    # Several clients start on a fresh prefix together: one creates the table
+    # (with its epoch row), the others find it, and every name counts from 1.
+    clients = [pg.connect(ttl=TTL) for _ in range(4)]
+
+    async def first_token(locks: asynclock.Locks, name: str) -> int | None:
+        async with locks.lock(name) as lease:
+            return lease.token
+
+    tokens = await asyncio.gather(*(first_token(locks, f"start-{i}") for i, locks in enumerate(clients)))
+    assert tokens == [1, 1, 1, 1]
+    admin = await pg.admin()
+    rows = await admin.fetchval(f'SELECT count(*) FROM "{pg.prefix}_fence"')
+    assert rows == 5  # four names and the epoch row
+    async with clients[0].lock("start-0"):
+        assert await postgres_backend(clients[1]).names() == ["start-0"]  # the epoch row is no name
+
+
 async def test_names_with_nul_and_unicode_are_distinct(pg: PostgresHarness) -> None:
     locks = pg.connect(ttl=TTL)
     names = ["a\x00b", "a", "ünï/cødé", "a\x00c"]
