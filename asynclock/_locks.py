@@ -90,7 +90,9 @@ class Locks:
         # (shape, name) -> owner -> lease
         self._holds: dict[tuple[Shape, str], dict[str, Lease]] = {}
         # shape -> its adapter and, once started, the hub of its waiters
-        self._adapters: dict[Shape, Backend] = {LOCK: backend}
+        # (the plain lock's adapter is the backend itself, or its FIFO queue on
+        # a backend whose plain lock is one: one Redis server, Sentinel)
+        self._adapters: dict[Shape, Backend] = {LOCK: backend.primitive(LOCK)}
         self._hubs: dict[Shape, WakeHub] = {}
         # (read-write lock name, owner) -> read acquisitions joined to that owner's write hold
         self._joined: dict[tuple[str, str], int] = {}
@@ -220,11 +222,17 @@ class Locks:
             for task in pending:
                 task.cancel()
         if self._loop is not None or self._keeper is not None:
-            for shape in list(self._hubs):
-                if shape != LOCK:
+            # Each adapter once (the plain lock's may be the fair lock's too), the backend last.
+            adapters = [self._adapters[shape] for shape in self._hubs if shape != LOCK]
+            adapters.append(self._adapters[LOCK])
+            closed: set[int] = {id(self._backend)}
+            for adapter in adapters:
+                if id(adapter) not in closed:
+                    closed.add(id(adapter))
                     with contextlib.suppress(LockError, OSError):
-                        await self._adapters[shape].aclose()
-                    del self._hubs[shape]
+                        await adapter.aclose()
+            for shape in [shape for shape in self._hubs if shape != LOCK]:
+                del self._hubs[shape]
             await self._backend.aclose()
 
     # -- internal -------------------------------------------------------------
@@ -414,9 +422,9 @@ class Lock:
         self._backend = locks._adapter(shape)  # NotImplementedError before any I/O
         self._shape = shape
         held_as = shape
-        if shape != LOCK and self._backend.lock_key(name) == locks._backend.lock_key(name):
+        if shape != LOCK and self._backend.lock_key(name) == locks._adapter(LOCK).lock_key(name):
             # The same lock on the server as the plain lock of this name (the fair
-            # lock on ZooKeeper and PostgreSQL, whose plain lock is FIFO already):
+            # lock where the plain lock is FIFO already: one Redis, ZooKeeper, PostgreSQL):
             # one hold per task, whichever handle took it, so re-entry works across them.
             held_as = LOCK
         self._key = (held_as, name)

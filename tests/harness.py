@@ -103,7 +103,10 @@ class RedisHarness(Harness):
         return self.server.url
 
     async def expire(self, name: str) -> bool:
-        return bool(await self.admin.delete(f"{self.prefix}:{{{name}}}"))
+        # The plain lock is the fair lock's queue on one server (its holds and
+        # their data), a hash with replicas= or on a Cluster.
+        base = f"{self.prefix}:{{{name}}}"
+        return bool(await self.admin.delete(base, f"{base}:fair", f"{base}:fair:data"))
 
     async def leftovers(self) -> list[str]:
         """Every key of the prefix but fence counters: lock hashes, and the primitives'

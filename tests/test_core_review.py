@@ -12,10 +12,12 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
+from asynclock.abc import LOCK
 from tests.faults import hygiene
-from tests.harness import Harness, eventually
+from tests.harness import Harness
 from tests.servers import RedisServer, scaled
 from tests.servers.proxy import TcpProxy
+from tests.test_primitives import queued
 
 pytestmark = pytest.mark.anyio
 
@@ -105,7 +107,7 @@ async def test_a_subscribe_into_a_black_hole_does_not_outlast_the_acquire_timeou
                     pass
 
             warm = asyncio.create_task(wait_then_release())
-            await eventually(lambda: via._hub is not None and via._hub.waiting("warm") == 1, scaled(5), "a waiter")
+            await queued(direct.lock("warm"), 1)
             await first.release()  # the listener is connected and delivers this release
             await asyncio.wait_for(warm, scaled(5))
 
@@ -135,14 +137,13 @@ async def test_a_try_answered_lost_at_the_deadline_gives_the_lock_back(
             await holder.acquire()
             waiting = asyncio.create_task(via.lock("lost-answer").acquire(timeout=0.5))
             try:
-                await eventually(
-                    lambda: via._hub is not None and via._hub.waiting("lost-answer") == 1, scaled(5), "a waiter"
-                )
+                await queued(direct.lock("lost-answer"), 1)
                 proxy.delay(0.3)  # each way: the answer comes >= 0.6 s after the release, past the deadline
                 await holder.release()
 
-                async def owner() -> str:
-                    return (await admin_fresh.hget("asynclock:{lost-answer}", "owner") or b"").decode()
+                async def owner() -> str:  # the plain lock's holder (its holds ZSET)
+                    holds = await admin_fresh.zrange("asynclock:{lost-answer}:fair", 0, -1)
+                    return holds[0].decode() if holds else ""
 
                 loop = asyncio.get_running_loop()
                 give_up = loop.time() + scaled(10)
@@ -316,7 +317,7 @@ async def test_one_unexpected_renew_error_does_not_stop_the_watchdog(redis_serve
     retried like a failed renewal; it does not kill the one watchdog task
     (after which every lease of the client would silently go unrenewed)."""
     async with asynclock.connect(redis_server.url, ttl=TTL, prefix="keeper-survives") as locks:
-        backend = locks.backend
+        backend = locks._adapter(LOCK)  # what renews the plain lock's leases
         real_renew = backend.renew
         failures = 0
 

@@ -14,11 +14,12 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.abc import Acquired, Busy
+from asynclock.abc import LOCK
 from asynclock.backends.redis import RedisBackend, _ms
 from tests.harness import redis_backend
 from tests.servers import RedisServer, scaled
 from tests.servers.proxy import TcpProxy
+from tests.test_primitives import queued
 
 pytestmark = pytest.mark.anyio
 
@@ -192,16 +193,16 @@ async def test_waiters_survive_a_server_restart(redis_fresh: RedisServer) -> Non
 
 async def test_only_one_local_waiter_is_woken_per_release(redis_server: RedisServer) -> None:
     async with asynclock.connect(redis_server.url, ttl=scaled(5), prefix="herd") as locks:
-        backend = redis_backend(locks)
-        tries = 0
-        original = backend.try_acquire
+        plain = locks._adapter(LOCK)
+        requests = 0
+        original = plain._enter  # type: ignore[attr-defined]
 
-        async def counting(name: str, hold: str, ttl: float) -> Acquired | Busy:
-            nonlocal tries
-            tries += 1
-            return await original(name, hold, ttl)
+        async def counting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal requests
+            requests += 1
+            return await original(*args, **kwargs)
 
-        backend.try_acquire = counting  # type: ignore[method-assign]
+        plain._enter = counting  # type: ignore[attr-defined]
         workers, rounds = 8, 5
 
         async def worker() -> None:
@@ -211,10 +212,9 @@ async def test_only_one_local_waiter_is_woken_per_release(redis_server: RedisSer
 
         await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(workers))), scaled(30))
         acquisitions = workers * rounds
-        # each acquisition costs about one try after its wake-up, plus the
-        # fast-path try and the try after subscribing; a herd would cost
-        # about `workers` tries per release
-        assert tries <= acquisitions * 3 + workers, (tries, acquisitions)
+        # each acquisition is one request (it takes the lock, or queues and is
+        # handed it); a herd, or waiters polling, would cost more per release
+        assert acquisitions <= requests <= acquisitions + workers, (requests, acquisitions)
 
 
 async def test_watchdog_renews_many_leases_in_few_round_trips(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
@@ -231,7 +231,8 @@ async def test_watchdog_renews_many_leases_in_few_round_trips(redis_fresh: Redis
         assert all(not lease.lost for lease in leases)
         assert trips <= 15, trips
         assert evals <= 30, evals
-        assert await _commands(admin, "pexpire") >= count  # really renewed, inside the script
+        # really renewed, inside the script: each hold's expiry is reset in its holds ZSET
+        assert await _commands(admin, "zadd") >= count
         for i in range(count):
             await locks.lock(f"many-{i}").release()
 
@@ -275,7 +276,7 @@ async def test_given_client_is_used_and_not_closed(redis_server: RedisServer) ->
     async with asynclock.connect(client, ttl=TTL, prefix="given") as locks:
         async with locks.lock("g") as lease:
             assert lease.token is not None
-            assert await client.exists("given:{g}") == 1
+            assert await client.exists("given:{g}:fair") == 1
     assert await client.ping()
     await client.aclose()
 
@@ -290,7 +291,7 @@ async def test_url_query_options(redis_server: RedisServer) -> None:
     async with asynclock.connect(f"{redis_server.url}?ttl=2.5&prefix=q") as locks:
         lock = locks.lock("opt")
         assert lock.ttl == 2.5
-        assert lock.key == "q:{opt}"
+        assert lock.key == "q:{opt}:fair"
         async with lock:
             assert 0 < ((await lock.info()).ttl or 0) <= 2.5
 
@@ -362,224 +363,79 @@ async def test_tls_url() -> None:
         server.cleanup()
 
 
-# -- one release wakes one client ---------------------------------------------------
+# -- the plain lock is the fair lock's queue ---------------------------------------
 
 
-def _count_tries(locks: asynclock.Locks) -> list[int]:
-    """Count the tries of ``locks``' backend (a one-element list, reset by assigning [0])."""
-    backend = redis_backend(locks)
-    tries = [0]
-    original = backend.try_acquire
+async def test_the_plain_and_the_fair_lock_of_a_name_are_one_lock(redis_server: RedisServer) -> None:
+    """On one server the plain lock is FIFO and handed over in the release: it
+    is the fair lock of its name (one key, one hold per task, one queue)."""
+    async with (
+        asynclock.connect(redis_server.url, ttl=TTL, prefix="one") as a,
+        asynclock.connect(redis_server.url, ttl=TTL, prefix="one") as b,
+    ):
+        plain, fair = a.lock("x"), a.lock("x", fair=True)
+        assert plain.key == fair.key == "one:{x}:fair"
+        lease = await plain.acquire()
+        assert await fair.acquire() is lease  # the same task re-enters, whichever handle
+        with pytest.raises(LockTimeout):
+            await b.lock("x", fair=True).acquire(timeout=0)
+        with pytest.raises(LockTimeout):
+            await b.lock("x").acquire(timeout=0)
+        await fair.release()
+        await plain.release()
+        # waiters of either handle are served in the order they queued
+        await plain.acquire()
+        order: list[str] = []
 
-    async def counting(name: str, hold: str, ttl: float) -> Acquired | Busy:
-        tries[0] += 1
-        return await original(name, hold, ttl)
-
-    backend.try_acquire = counting  # type: ignore[method-assign]
-    return tries
-
-
-async def _wait_until(predicate: object, what: str) -> None:
-    async with asyncio.timeout(scaled(10)):
-        while not await predicate():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
-
-
-async def test_one_release_costs_one_try_across_clients(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
-    """Waiters in four clients (two each): each release wakes exactly one of them, and all get in."""
-    ttl = 20.0  # nobody retries on the holder's lease running out
-    clients = [asynclock.connect(redis_fresh.url, ttl=ttl, prefix="one") for _ in range(5)]
-    for locks in clients:
-        await locks.__aenter__()
-    try:
-        holder, waiters = clients[0], clients[1:]
-        await holder.lock("x").acquire()
-        counters = [_count_tries(locks) for locks in waiters]
-        got: asyncio.Queue[int] = asyncio.Queue()
-        go_on = [asyncio.Event() for _ in range(8)]
-
-        async def wait_for_it(index: int) -> None:
-            lock = waiters[index // 2].lock("x")
+        async def wait(lock: asynclock.Lock, tag: str) -> None:
             async with lock:
-                await got.put(index)
-                await go_on[index].wait()
+                order.append(tag)
 
-        tasks = [asyncio.create_task(wait_for_it(i)) for i in range(8)]
-        key = redis_backend(holder).waiting_key("x")
-
-        async def all_registered() -> bool:
-            hubs_full = all(locks._hub is not None and locks._hub.waiting("x") == 2 for locks in waiters)
-            return hubs_full and await admin.zcard(key) == len(waiters)
-
-        await _wait_until(all_registered, "every client registered")
-        await asyncio.sleep(scaled(0.3))  # the second waiters' own tries settle
-        for counter in counters:
-            counter[0] = 0
-        await holder.lock("x").release()
-        order = []
-        for _ in range(8):
-            index = await asyncio.wait_for(got.get(), ttl / 4)
-            order.append(index)
-            await asyncio.sleep(scaled(0.05))  # room for any spurious try to show
-            assert sum(counter[0] for counter in counters) == len(order), (order, [c[0] for c in counters])
-            go_on[index].set()  # its release wakes the next client
-        await asyncio.gather(*tasks)
-        assert sorted(order) == list(range(8))
-        assert not await admin.exists(key)  # every entry was used up or taken back
-    finally:
-        for locks in clients:
-            await locks.__aexit__(None, None, None)
+        first = asyncio.create_task(wait(b.lock("x"), "plain"))
+        await queued(plain, 1)
+        second = asyncio.create_task(wait(b.lock("x", fair=True), "fair"))
+        await queued(plain, 2)
+        await plain.release()
+        await asyncio.wait_for(asyncio.gather(first, second), scaled(10))
+        assert order == ["plain", "fair"]
 
 
-async def test_a_client_whose_waiters_left_passes_the_wake_up_on(
-    redis_fresh: RedisServer, admin: aioredis.Redis
-) -> None:
-    ttl = 20.0
+async def test_a_release_hands_over_without_another_request_from_the_waiter(redis_fresh: RedisServer) -> None:
+    """The next holder's acquire returns on the hand-over message alone: its
+    client sends nothing between the release and holding the lock."""
     async with (
-        asynclock.connect(redis_fresh.url, ttl=ttl) as holder,
-        asynclock.connect(redis_fresh.url, ttl=ttl) as idle,
-        asynclock.connect(redis_fresh.url, ttl=ttl) as waiting,
+        asynclock.connect(redis_fresh.url, ttl=TTL, prefix="hand") as holder,
+        asynclock.connect(redis_fresh.url, ttl=TTL, prefix="hand") as waiter,
     ):
-        idle_backend = redis_backend(idle)
-        await idle.lock("warm").acquire()  # starts the backend
-        await idle.lock("warm").release()
-        # ``idle`` listens on its wake-up channel (as after any wait) ...
-        await idle_backend.subscribe("other")
-        await idle_backend.unsubscribe("other")
-        channel = idle_backend.wake_channel
-        await _wait_until(lambda: _equals(admin.pubsub_numsub(channel), [(channel.encode(), 1)]), "listening")
-        await holder.lock("p").acquire()
-        waiter = asyncio.create_task(waiting.lock("p").acquire())
-        key = redis_backend(holder).waiting_key("p")
-        await _wait_until(lambda: admin.zcard(key), "the waiter registered")
-        # ... and stands first in line for "p", with no waiter of its own (they left).
-        score = await _first_score(admin, key)
-        await admin.zadd(key, {channel: score - 1})
-        await holder.lock("p").release()
-        await asyncio.wait_for(waiter, ttl / 4)  # long before the 20 s lease: the wake-up was passed on
-        assert await admin.zscore(key, channel) is None
+        lock = holder.lock("h")
+        await lock.acquire()
+        got, done = asyncio.Event(), asyncio.Event()
 
+        async def hold() -> asynclock.Lease:
+            async with waiter.lock("h") as lease:
+                got.set()
+                await done.wait()
+            return lease
 
-async def test_a_registered_client_that_is_gone_is_skipped(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
-    ttl = 20.0
-    async with (
-        asynclock.connect(redis_fresh.url, ttl=ttl) as holder,
-        asynclock.connect(redis_fresh.url, ttl=ttl) as waiting,
-    ):
-        await holder.lock("g").acquire()
-        waiter = asyncio.create_task(waiting.lock("g").acquire())
-        key = redis_backend(holder).waiting_key("g")
-        await _wait_until(lambda: admin.zcard(key), "the waiter registered")
-        score = await _first_score(admin, key)
-        # first in line: a client that died (nobody listens on its channel), and a stale entry
-        await admin.zadd(key, {"asynclock:wake:gone": score - 1, "asynclock:wake:stale": 1})
-        await holder.lock("g").release()
-        await asyncio.wait_for(waiter, ttl / 4)
-        assert await admin.zcard(key) == 0
+        waiting = asyncio.create_task(hold())
+        await queued(lock, 1)
+        sent: list[object] = []
+        connection_class: Any = redis_backend(waiter).client.connection_pool.connection_class
+        real = connection_class.send_packed_command
 
+        async def counted(self: Any, command: Any, check_health: bool = True) -> None:
+            packed = b"".join(command) if isinstance(command, list) else bytes(command)
+            if waiter.client_id.encode() in packed:  # a request about one of the waiter's holds
+                sent.append(packed)
+            await real(self, command, check_health)
 
-async def test_a_try_lock_does_not_register(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
-    async with (
-        asynclock.connect(redis_fresh.url, ttl=TTL) as holder,
-        asynclock.connect(redis_fresh.url, ttl=TTL) as other,
-    ):
-        await holder.lock("t").acquire()
-        with pytest.raises(LockTimeout):
-            await other.lock("t").acquire(timeout=0)
-        assert not await admin.exists(redis_backend(holder).waiting_key("t"))
-        await holder.lock("t").release()
-
-
-async def test_a_waiter_that_times_out_takes_its_entry_back(redis_fresh: RedisServer, admin: aioredis.Redis) -> None:
-    async with (
-        asynclock.connect(redis_fresh.url, ttl=scaled(5)) as holder,
-        asynclock.connect(redis_fresh.url, ttl=scaled(5)) as other,
-    ):
-        await holder.lock("o").acquire()
-        key = redis_backend(holder).waiting_key("o")
-        with pytest.raises(LockTimeout):
-            await other.lock("o").acquire(timeout=scaled(0.3))
-        await _wait_until(lambda: _not(admin.exists(key)), "the entry was taken back")
-        await holder.lock("o").release()
-
-
-async def _not(awaitable: Any) -> bool:
-    return not await awaitable
-
-
-async def test_no_wake_up_is_lost_when_pubsub_drops_in_the_middle(
-    redis_fresh: RedisServer, admin: aioredis.Redis
-) -> None:
-    """Registered waiters in three clients; their listeners are cut, and a release goes by meanwhile."""
-    ttl = 20.0
-    clients = [asynclock.connect(redis_fresh.url, ttl=ttl) for _ in range(4)]
-    for locks in clients:
-        await locks.__aenter__()
-    try:
-        holder, waiters = clients[0], clients[1:]
-        await holder.lock("d").acquire()
-        got: asyncio.Queue[int] = asyncio.Queue()
-        go_on = [asyncio.Event() for _ in waiters]
-
-        async def wait_for_it(index: int) -> None:
-            async with waiters[index].lock("d"):
-                await got.put(index)
-                await go_on[index].wait()
-
-        tasks = [asyncio.create_task(wait_for_it(i)) for i in range(len(waiters))]
-        key = redis_backend(holder).waiting_key("d")
-        await _wait_until(lambda: _equals(admin.zcard(key), len(waiters)), "every client registered")
-        assert await admin.client_kill_filter(_type="pubsub") >= len(waiters)
-        await holder.lock("d").release()  # may reach nobody: then the entries are dropped
-        for _ in waiters:  # everyone still gets in, long before the 20 s lease
-            index = await asyncio.wait_for(got.get(), ttl / 4)
-            go_on[index].set()
-        await asyncio.gather(*tasks)
-    finally:
-        for locks in clients:
-            await locks.__aexit__(None, None, None)
-
-
-async def _first_score(admin: aioredis.Redis, key: str) -> float:
-    entries: Any = await admin.zrange(key, 0, 0, withscores=True)
-    return float(entries[0][1])
-
-
-async def _equals(awaitable: Any, value: object) -> bool:
-    return bool(await awaitable == value)
-
-
-async def test_the_releaser_does_not_take_the_lock_back_from_the_client_it_woke(redis_fresh: RedisServer) -> None:
-    ttl = 20.0
-    async with (
-        asynclock.connect(redis_fresh.url, ttl=ttl) as a,
-        asynclock.connect(redis_fresh.url, ttl=ttl) as b,
-    ):
-        await a.lock("turn").acquire()
-        waiter = asyncio.create_task(b.lock("turn").acquire())
-        await _wait_until(lambda: _registered(b, "turn"), "b registered")
-        b_backend = redis_backend(b)
-        listener = b_backend._listener
-        assert listener is not None
-        channel = b_backend.wake_channel.encode()
-        deliver, resync = listener._routes[channel]
-        loop = asyncio.get_running_loop()
-        # b hears of the release a little late (as a busy process would) ...
-
-        def late(payload: bytes) -> None:
-            loop.call_later(0.05, deliver, payload)
-
-        listener._routes[channel] = (late, resync)
-        await a.lock("turn").release()
-        # ... and meanwhile a try of the releaser's client is refused: it is b's turn
-        answer = await redis_backend(a).try_acquire("turn", f"{a.client_id}:raw", ttl)
-        assert isinstance(answer, Busy), answer
-        lease = await asyncio.wait_for(waiter, ttl / 4)
-        assert lease.token is not None
-        info = await b.lock("turn").info()
-        assert info.owner is not None and info.owner.startswith(b.client_id)
-
-
-async def _registered(locks: asynclock.Locks, name: str) -> bool:
-    backend = redis_backend(locks)
-    return await backend.client.zscore(backend.waiting_key(name), backend.wake_channel) is not None
+        connection_class.send_packed_command = counted
+        try:
+            await lock.release()
+            await asyncio.wait_for(got.wait(), scaled(5))
+        finally:
+            connection_class.send_packed_command = real
+        assert sent == [], f"the waiter's client sent {len(sent)} request(s) to take a lock handed to it"
+        done.set()
+        lease = await asyncio.wait_for(waiting, scaled(5))
+        assert not lease.lost and lease.token is not None

@@ -214,20 +214,28 @@ async def test_a_lost_hand_over_message_is_found_by_the_waiters_poll(fresh: Redi
     await waiting.release()
 
 
-async def test_a_dead_waiter_is_skipped_after_its_entry_expires(fresh: RedisHarness) -> None:
+async def test_a_dead_waiter_is_skipped_at_once(fresh: RedisHarness, admin: aioredis.Redis) -> None:
+    """A waiter whose process died (SIGKILL: no clean-up) is not handed the
+    lock: its client's channel has no listener any more, so the release takes
+    the grant back and serves the next in line at once, long before the dead
+    entry would expire (its ttl is long here)."""
     holder, patient = fresh.connect(ttl=TTL), fresh.connect(ttl=TTL)
     lock = holder.lock("dead", fair=True)
     await lock.acquire()
     async with children() as started:
-        child = await Child.start(fresh.url, fresh.prefix, "fair", "dead", TTL, "0", "hold")
+        child = await Child.start(fresh.url, fresh.prefix, "fair", "dead", scaled(60), "0", "hold")
         started.append(child)
         await waiters(lock, 1)
         child.kill()  # no clean-up: its queue entry stays until it expires
         await child.wait()
         waiting = Holder(patient.lock("dead", fair=True))
         await waiters(lock, 2)
+        entries = await admin.hgetall(f"{fresh.prefix}:{{dead}}:fair:waiting")
+        dead_deadline = min(int(entry.split()[0]) for entry in entries.values())
         await lock.release()
         lease = await waiting.got()
+        seconds, micros = await admin.time()
+        assert seconds * 1000 + micros // 1000 < dead_deadline, "the hand-over waited for the dead entry to expire"
         assert not lease.lost
         await waiting.release()
 

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.abc import RenewItem
+from asynclock.abc import LOCK, RenewItem
 from asynclock.backends.sentinel import SentinelBackend
 from tests import test_contract as contract
 from tests.harness import RedisHarness
@@ -154,7 +154,7 @@ async def test_after_a_failover_the_client_follows_the_new_primary(setup: Sentin
     ):
         order: list[str] = []
         lease = await holder.lock("kept").acquire()
-        await replicated(setup.replica.port, f"{prefix}:{{kept}}")
+        await replicated(setup.replica.port, f"{prefix}:{{kept}}:fair")
 
         async def wait_for_it() -> None:
             async with other.lock("kept"):
@@ -188,13 +188,13 @@ async def test_a_hold_that_did_not_survive_the_failover_is_lost_not_continued(se
         asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as holder,
         asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as other,
     ):
-        key = f"{prefix}:{{gone}}"
+        key = f"{prefix}:{{gone}}:fair"  # the plain lock's holds (and their data beside)
         with pytest.raises(LockLost) as caught:
             async with holder.lock("gone") as lease:
                 # the acquire "did not reach" the replica before the primary died
                 await replicated(setup.replica.port, key)
                 replica = aioredis.Redis(host="127.0.0.1", port=setup.replica.port)
-                await replica.delete(key)
+                await replica.delete(key, f"{key}:data")
                 await replica.aclose()
                 await fail_over(setup)
                 await asyncio.sleep(scaled(60))  # cancelled by the loss
@@ -212,7 +212,7 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
     old_port = setup.primary.port
     async with asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as locks:
         lease = await locks.lock("ro").acquire()
-        await replicated(setup.replica.port, f"{prefix}:{{ro}}")
+        await replicated(setup.replica.port, f"{prefix}:{{ro}}:fair")
         new_port = await fail_over(setup)
         # the old primary comes back (empty) as a replica of the new one
         setup.primary.extra += ["--replicaof", "127.0.0.1", str(new_port)]
@@ -234,7 +234,7 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
         stale = pool.make_connection()  # type: ignore[no-untyped-call]
         await stale.connect_to(("127.0.0.1", old_port))
         pool._available_connections.append(stale)
-        assert await backend.renew([item]) == [False]
+        assert await locks._adapter(LOCK).renew([item]) == [False]  # the plain lock's own renewal
         assert not stale.is_connected
         # an acquire there is "server unavailable" (retried), never a success
         stale = pool.make_connection()  # type: ignore[no-untyped-call]
@@ -245,7 +245,7 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
         # the next renewal asks the sentinels (which may need a moment to
         # agree on a healthy primary again): it lands on the new primary
         async with asyncio.timeout(scaled(10)):
-            while (answer := await backend.renew([item])) != [True]:
+            while (answer := await locks._adapter(LOCK).renew([item])) != [True]:
                 assert isinstance(answer[0], BackendUnavailable), answer
                 await asyncio.sleep(0.05)
         async with asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as other:

@@ -23,7 +23,10 @@ long as they fit (one ``x`` on an empty resource; ``r`` while only readers
 hold it; ``s`` while fewer than ``permits`` hold it). A granted waiter becomes
 a holder inside the script (token, expiry from its own ttl) and one message,
 ``"<hold> <token>"``, is published on its client's channel: its client owns
-the lock when the message arrives, and nobody else is woken (no herd). An
+the lock when the message arrives, and nobody else is woken (no herd). A
+grant whose message reaches nobody (the client is gone, or its pub/sub
+connection is reconnecting, after which its waiters poll and queue again) is
+taken back at once and the next in line is served. An
 acquire takes the resource directly only when nobody is queued and it fits,
 so nobody jumps the queue, not even ``timeout=0`` (which never queues).
 
@@ -38,11 +41,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._errors import BackendUnavailable
+from .._errors import BackendUnavailable, LockError
 from .._values import LockInfo
 from ..abc import Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
 from .redis import FENCE_LIFETIME_MS, _call, _is_readonly, _ms, _text
@@ -51,6 +55,8 @@ if TYPE_CHECKING:
     from .redis import RedisBackend
 
 __all__ = ["Handovers", "RedisQueued"]
+
+logger = logging.getLogger("asynclock")
 
 #: Request mode of each shape.
 MODES = {"fair": "x", "write": "x", "read": "r", "semaphore": "s"}
@@ -130,8 +136,15 @@ local function serve(permits, fence_ms)
       redis.call('LPOP', Q)
       redis.call('HDEL', W, head)
       local token = grant(head, mode, tonumber(ttl), fence_ms)
-      redis.call('PUBLISH', channel, head .. ' ' .. token)
-      if mode == 'x' then return true end
+      if redis.call('PUBLISH', channel, head .. ' ' .. token) == 0 then
+        -- nobody listens on its client's channel: the client is gone (or
+        -- reconnecting, and then its waiters poll and queue again): take the
+        -- grant back and serve the next
+        redis.call('ZREM', H, head)
+        redis.call('HDEL', D, head)
+      elseif mode == 'x' then
+        return true
+      end
     else
       return head
     end
@@ -395,21 +408,31 @@ class RedisQueued:
         ``first``: the first request of ``hold`` (not a retry), which skips the
         look-ups that make retries idempotent.
         """
-        answer = await _call(
-            self._acquire(
-                keys=self._keys(name),
-                args=[
-                    hold,
-                    self._mode,
-                    self._permits,
-                    _ms(ttl),
-                    1 if queue else 0,
-                    handovers.channel,
-                    FENCE_LIFETIME_MS,
-                    1 if first else 0,
-                ],
-            )
-        )
+        keys = self._keys(name)
+        args: list[str | int] = [
+            hold,
+            self._mode,
+            self._permits,
+            _ms(ttl),
+            1 if queue else 0,
+            handovers.channel,
+            FENCE_LIFETIME_MS,
+            1 if first else 0,
+        ]
+        backend = self._backend
+        if not backend.replicas:
+            answer = await _call(self._acquire(keys=keys, args=args))
+        else:
+            # On the same connection, WAIT for the replicas: once this write is
+            # on them, so is every earlier one, a hand-over to this hold included.
+            answer, confirmed = await backend._script_then_wait(self._acquire, keys, args)
+            if int(answer[0]) == 1 and confirmed < backend.replicas:
+                # Not on enough replicas: a failover now could lose it. Give it
+                # back (to the next in line); the caller retries or fails.
+                await self.release(name, hold)
+                raise BackendUnavailable(
+                    f"only {confirmed} of {backend.replicas} replicas confirmed the acquire within the replica timeout"
+                )
         if int(answer[0]) == 1:
             return int(answer[1]), 0
         return -1, int(answer[1]) if int(answer[2]) == 1 else -2
@@ -461,6 +484,15 @@ class RedisQueued:
             failing_since: float | None = None
             while True:
                 if ticket.token is not None:
+                    if self._backend.replicas:
+                        # Handed over by another client's release, which no
+                        # replica has confirmed to us: a request of our own (it
+                        # finds the hold ours and resets its expiry), then WAIT.
+                        sent = loop.time()
+                        token, _ = await self._enter(name, hold, ttl, True, handovers)
+                        if token < 0:  # (gone meanwhile: expired)
+                            raise BackendUnavailable("a hand-over expired before the replicas confirmed it")
+                        return Acquired(token, confirmed_at=sent)
                     return Acquired(ticket.token, confirmed_at=queued_at)
                 if self._closed:
                     raise BackendUnavailable("the Locks client was closed while this acquire was queued")
@@ -518,7 +550,15 @@ class RedisQueued:
         return None
 
     async def _give_back(self, name: str, hold: str) -> None:
-        await self.release(name, hold)
+        """Release ``hold`` (and so leave the queue) after a failed or cancelled acquire.
+
+        Runs shielded, possibly past its caller: its own errors end here (the
+        entry and any hold it got expire by themselves).
+        """
+        try:
+            await self.release(name, hold)
+        except (LockError, OSError) as exc:
+            logger.info("could not give back %r of %r, it expires by itself: %r", hold, name, exc)
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
         done = await _call(self._set_count(keys=self._keys(name), args=[hold, count, _ms(ttl)]))
@@ -539,7 +579,17 @@ class RedisQueued:
                 keys += [base, f"{base}:data"]
                 args += [item.hold, _ms(item.ttl)]
             try:
-                answer = await _call(self._renew(keys=keys, args=args))
+                if self._backend.replicas:
+                    answer, confirmed = await self._backend._script_then_wait(self._renew, keys, args)
+                    if confirmed < self._backend.replicas:
+                        # Renewed on the primary only: not trusted; retried until the deadline.
+                        error = BackendUnavailable(
+                            f"only {confirmed} of {self._backend.replicas} replicas confirmed the renewal"
+                        )
+                        results += [error if flag else False for flag in answer]
+                        continue
+                else:
+                    answer = await _call(self._renew(keys=keys, args=args))
             except BackendUnavailable as exc:
                 cause = exc.__cause__
                 # A demoted primary: whatever it holds is not the lock any more.

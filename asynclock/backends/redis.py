@@ -1,23 +1,18 @@
 """One Redis server (``redis://``, ``rediss://``, ``unix://``, or a given client).
 
-The hold is a hash with a PEXPIRE ttl (see ``_redis_scripts`` for the
-layout and the scripts). Waiting is woken by one pub/sub connection per
-client, opened by this module and shared by every lock of the client; a
-waiter also never sleeps past the holder's remaining PTTL, because a key
-that simply expires sends no message.
+The plain lock is a FIFO queue whose release hands the lock over to the head
+waiter inside the release script: the fair lock's resource
+(``_redis_primitives``, family ``fair``), so ``lock(name)`` and
+``lock(name, fair=True)`` are one lock, as on ZooKeeper and PostgreSQL. A
+hand-over is announced on a channel of the waiter's client alone, which one
+pub/sub connection per client listens to (``_Listener.route``); with
+``replicas=N`` the new holder confirms it with a request of its own and
+``WAIT`` before trusting it.
 
-A try that finds the lock taken registers its client in the lock's waiting
-set; a release wakes the first live client of that set alone, on the
-client's own channel, and that client wakes one of its waiters. The woken
-client has a short turn (``TURN_MS``) in which other clients' tries are
-refused, so the releaser cannot take the lock straight back. A client whose
-waiters have all left by then passes the wake-up on (``LEAVE``), so one
-release costs one try, however many clients wait.
-
-The fair lock, the read-write lock and the semaphore are adapters
-(``_redis_primitives``): a server-side queue whose release script hands the
-lock to the head waiter, announced on a channel of that waiter's client
-alone, which the same pub/sub connection listens to (``_Listener.route``).
+This class also keeps the lock as a hash with a PEXPIRE ttl (see
+``_redis_scripts``), whose releases are announced on the lock's channel to
+every subscriber: Redis Cluster (a script cannot publish to a per-client
+channel in another slot) and Redlock's nodes use it.
 """
 
 from __future__ import annotations
@@ -55,8 +50,6 @@ T = TypeVar("T")
 FENCE_LIFETIME_MS = 24 * 3600 * 1000
 #: Leases renewed by one script call.
 RENEW_CHUNK = 1000
-#: How long a client woken by a release has the lock to itself, in ms (see _redis_scripts).
-TURN_MS = 100
 #: Longest wait for the server to confirm a SUBSCRIBE, in seconds.
 SUBSCRIBE_TIMEOUT = 1.0
 
@@ -129,7 +122,7 @@ class RedisBackend:
     """Locks on one Redis server (or a primary with replicas)."""
 
     kind = "redis"
-    queues_waiters = False
+    queues_waiters = False  # (its own hash-layout lock; the plain lock is ``primitive(LOCK)``)
 
     def __init__(
         self,
@@ -147,35 +140,16 @@ class RedisBackend:
         #: Replicas that must confirm each acquire and renewal (Redis WAIT); 0: do not wait.
         self.replicas = replicas
         self._replica_timeout_ms = _ms(replica_timeout)
-        # Until start(), and for subclasses that listen otherwise (Cluster) or
-        # nodes that are never started (Redlock's): releases are announced on
-        # the lock's channel to every subscriber.
+        # The hash-layout lock (Cluster, Redlock's nodes): releases are
+        # announced on the lock's channel to every subscriber.
         self._acquire = client.register_script(scripts.ACQUIRE)
         self._release = client.register_script(scripts.RELEASE)
-        # Once started: a release wakes one waiting client on its own channel.
-        self._wake_one_client = False
-        self._acquire_register = client.register_script(scripts.ACQUIRE_REGISTER)
-        self._release_wake = client.register_script(scripts.RELEASE_WAKE)
-        self._leave = client.register_script(scripts.LEAVE)
         self._set_count = client.register_script(scripts.SET_COUNT)
         self._renew = client.register_script(scripts.RENEW_MANY)
         self._info = client.register_script(scripts.INFO)
         self._listener: _Listener | None = None
         self._handovers: Handovers | None = None
-        #: The channel on which a release wakes this client (see _redis_scripts).
-        self.wake_channel = f"{prefix}:wake:{secrets.token_hex(8)}"
-        self._wake_route: asyncio.Task[None] | None = None
-        self._waiting: set[str] = set()  # names this client's waiters wait for (subscribe .. unsubscribe)
-        # Per waited-for name: wake-ups received, and the most of them that a
-        # try sent after them has answered (a wake-up not answered by a try
-        # when the last waiter leaves is passed on).
-        self._wakes: dict[str, int] = {}
-        self._answered: dict[str, int] = {}
-        self._registered: set[str] = set()  # names whose waiting set may list this client
-        # Per waited-for name: the loop time by which every local waiter will
-        # have tried again (the latest "retry after" handed out).
-        self._retry_by: dict[str, float] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._plain: Backend | None = None
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> RedisBackend:
@@ -206,17 +180,24 @@ class RedisBackend:
         return f"{self._prefix}:{{{name}}}"
 
     def primitive(self, shape: Shape) -> Backend:
-        """The plain lock is the backend; the fair lock, read-write lock and semaphore are adapters."""
-        if shape == LOCK:
-            return self
+        """Every shape is an adapter: a queued resource (``_redis_primitives``).
+
+        The plain lock is the fair lock's resource. With ``replicas=`` the
+        read-write lock and the semaphore are refused (their hand-overs are
+        not confirmed by the replicas yet); the plain and fair lock confirm theirs.
+        """
+        from ._redis_primitives import RedisQueued
+
+        if shape == LOCK or shape.kind == "fair":
+            if self._plain is None:
+                self._plain = RedisQueued(self, Shape("fair"))
+            return self._plain
         if self.replicas:
             raise unsupported(
                 self.kind,
                 shape,
-                "not with replicas= (a hand-over is not confirmed by the replicas): connect without it",
+                "not with replicas= (its hand-overs are not confirmed by the replicas): connect without it",
             )
-        from ._redis_primitives import RedisQueued
-
         return RedisQueued(self, shape)
 
     def shape_key(self, name: str, family: str) -> str:
@@ -238,51 +219,8 @@ class RedisBackend:
         """Where releases of ``name`` are announced to every subscriber (Cluster, Redlock's nodes)."""
         return f"{self._prefix}:{{{name}}}:released"
 
-    def waiting_key(self, name: str) -> str:
-        """The sorted set of the clients waiting for ``name``."""
-        return f"{self._prefix}:{{{name}}}:waiting"
-
-    def _turn_key(self, name: str) -> str:
-        return f"{self._prefix}:{{{name}}}:turn"
-
-    def _others_wait(self, name: str) -> bool:
-        """Whether this client has waiters for ``name`` besides the one trying now."""
-        listener = self._listener
-        waiting = getattr(listener._hooks, "waiting", None) if listener is not None else None
-        if not callable(waiting):
-            return True  # unknown: stay registered (a spare wake-up is passed on)
-        return int(waiting(name)) > 1
-
-    def _acquire_request(self, name: str, hold: str, ttl: float) -> tuple[Any, list[str], list[Any], bool | None]:
-        """The acquire script, its keys and arguments, and whether it asks to stay registered.
-
-        Only a client that waits for ``name`` (subscribed) registers: a first
-        try, or a try-lock, leaves the waiting set alone (None).
-        """
-        if not self._wake_one_client:
-            keys = [self.lock_key(name), self._fence_key(name)]
-            return self._acquire, keys, [hold, _ms(ttl), FENCE_LIFETIME_MS], None
-        keys = [self.lock_key(name), self._fence_key(name), self.waiting_key(name), self._turn_key(name)]
-        if name not in self._waiting:
-            return self._acquire_register, keys, [hold, _ms(ttl), FENCE_LIFETIME_MS, self.wake_channel, -1], None
-        others = self._others_wait(name)
-        stay_ms = 0
-        if others:
-            # Listed until the other waiters' next tries, which refresh the entry.
-            ahead = self._retry_by.get(name, 0.0) - asyncio.get_running_loop().time()
-            stay_ms = _ms(max(ttl, ahead) + ttl)
-        args = [hold, _ms(ttl), FENCE_LIFETIME_MS, self.wake_channel, stay_ms]
-        return self._acquire_register, keys, args, others
-
     async def _release_hold(self, name: str, hold: str) -> bool:
-        if not self._wake_one_client:
-            done = await _call(self._release(keys=[self.lock_key(name), self.channel(name)], args=[hold]))
-        else:
-            done = await _call(
-                self._release_wake(
-                    keys=[self.lock_key(name), self.waiting_key(name), self._turn_key(name)], args=[name, TURN_MS, hold]
-                )
-            )
+        done = await _call(self._release(keys=[self.lock_key(name), self.channel(name)], args=[hold]))
         return bool(done)
 
     # -- protocol ----------------------------------------------------------------
@@ -294,30 +232,14 @@ class RedisBackend:
         # No I/O here: like redis-py, the first request connects, and the
         # front retries requests that fail to reach the server.
         self._listener = _Listener(self._client, hooks, self.channel)
-        self._wake_one_client = True
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
-        script, keys, args, stay = self._acquire_request(name, hold, ttl)
-        seen = self._wakes.get(name, 0)  # wake-ups this try answers for
-        if self.replicas:
-            (got, value), confirmed = await self._script_then_wait(script, keys, args)
-            self._answer(name, seen, stay if got == 1 else (True if stay is not None else None))
-            if got == 1 and confirmed < self.replicas:
-                # Not on enough replicas: a failover now could lose it. Roll it
-                # back; the front retries (with a new try) until its deadline.
-                await self._release_hold(name, hold)
-                raise BackendUnavailable(
-                    f"only {confirmed} of {self.replicas} replicas confirmed the acquire within the replica timeout"
-                )
-        else:
-            got, value = await _call(script(keys=keys, args=args))
-            self._answer(name, seen, stay if got == 1 else (True if stay is not None else None))
+        """The hash-layout try (Cluster, Redlock's nodes; the front uses ``primitive(LOCK)``)."""
+        keys = [self.lock_key(name), self._fence_key(name)]
+        got, value = await _call(self._acquire(keys=keys, args=[hold, _ms(ttl), FENCE_LIFETIME_MS]))
         if got == 1:
             return Acquired(int(value))
         pttl = int(value)
-        if name in self._waiting:
-            by = asyncio.get_running_loop().time() + max(pttl, 0) / 1000
-            self._retry_by[name] = max(self._retry_by.get(name, 0.0), by)
         return Busy(pttl / 1000 if pttl >= 0 else 0.0)
 
     async def _script_then_wait(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int]:
@@ -331,14 +253,8 @@ class RedisBackend:
             except (redis_errors.RedisError, OSError) as exc:
                 raise _translate(exc) from exc
             if isinstance(answer, redis_errors.NoScriptError) and attempt == 1:
-                # Load every script of the plain lock at once: the next calls
-                # (the release, the registering tries) find theirs loaded.
-                scripts_of = {script, self._acquire, self._release, self._acquire_register, self._release_wake}
                 try:
-                    async with self._client.pipeline(transaction=False) as pipe:
-                        for each in scripts_of:
-                            pipe.script_load(each.script)
-                        await pipe.execute()
+                    await self._client.script_load(script.script)
                 except (redis_errors.RedisError, OSError) as exc:
                     raise _translate(exc) from exc
                 continue
@@ -368,17 +284,7 @@ class RedisBackend:
             for item in chunk:
                 args += [item.hold, _ms(item.ttl)]
             try:
-                if self.replicas:
-                    answer, confirmed = await self._script_then_wait(self._renew, keys, args)
-                    if confirmed < self.replicas:
-                        # Renewed on the primary only: not trusted; retried until the deadline.
-                        error = BackendUnavailable(
-                            f"only {confirmed} of {self.replicas} replicas confirmed the renewal"
-                        )
-                        results += [error if flag else False for flag in answer]
-                        continue
-                else:
-                    answer = await self._renew(keys=keys, args=args)
+                answer = await self._renew(keys=keys, args=args)
             except BackendUnavailable as exc:
                 cause = exc.__cause__
                 if cause is not None and _is_readonly(cause):
@@ -400,70 +306,14 @@ class RedisBackend:
         return results
 
     async def subscribe(self, name: str) -> None:
-        """Make sure this client's wake-up channel is listened to (once per client, not per name)."""
-        listener = self._listener
-        if listener is None:  # closed (or not started): no notifications to wait for
+        """Listen for releases of ``name`` (the hash-layout lock's channel)."""
+        if self._listener is None:  # closed (or not started): no notifications to wait for
             raise BackendUnavailable("the Redis backend is closed")
-        self._waiting.add(name)
-        route = self._wake_route
-        if route is None or (route.done() and (route.cancelled() or route.exception() is not None)):
-            route = self._wake_route = asyncio.get_running_loop().create_task(
-                listener.route(self.wake_channel, self._on_wake, self._on_resync), name="asynclock-redis-wake"
-            )
-        await asyncio.shield(route)
+        await self._listener.subscribe(name)
 
     async def unsubscribe(self, name: str) -> None:
-        """The last local waiter of ``name`` left: leave its waiting set, passing on an unused wake-up."""
-        self._waiting.discard(name)
-        unused = self._wakes.pop(name, 0) > self._answered.pop(name, 0)
-        registered = name in self._registered
-        self._registered.discard(name)
-        self._retry_by.pop(name, None)
-        if (unused or registered) and self._listener is not None:
-            await self._leave_waiting(name, unused)
-            listener = self._listener
-            if name in self._waiting and listener is not None:
-                # A new waiter came meanwhile; its registration may have landed
-                # before our removal: have it try (and so register) again.
-                listener._hooks.wake_one(name)
-
-    def _answer(self, name: str, seen: int, stay: bool | None) -> None:
-        """A try sent after ``seen`` wake-ups of ``name`` was answered: they did their job.
-
-        ``stay``: whether the waiting set lists this client now (None: untouched).
-        """
-        if seen and name in self._wakes and self._answered.get(name, 0) < seen:
-            self._answered[name] = seen
-        if stay:
-            self._registered.add(name)
-        elif stay is not None:
-            self._registered.discard(name)
-
-    def _on_wake(self, payload: bytes) -> None:
-        name = payload.decode("utf-8", "replace")
-        listener = self._listener
-        if listener is not None and name in self._waiting:
-            self._wakes[name] = self._wakes.get(name, 0) + 1
-            listener._hooks.wake_one(name)
-            return
-        # Nobody here waits for it any more: wake the next client.
-        task = asyncio.get_running_loop().create_task(self._leave_waiting(name, True), name="asynclock-redis-pass-on")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _on_resync(self) -> None:
-        # The wake-up channel was subscribed again: wake-ups may have gone by unseen.
-        listener = self._listener
-        if listener is not None:
-            listener._hooks.wake_all()
-
-    async def _leave_waiting(self, name: str, pass_on: bool) -> None:
-        keys = [self.lock_key(name), self.waiting_key(name), self._turn_key(name)]
-        try:
-            await _call(self._leave(keys=keys, args=[name, TURN_MS, self.wake_channel, "1" if pass_on else "0"]))
-        except (LockError, OSError) as exc:
-            # The others are still bounded by the lock's remaining lease.
-            logger.info("could not pass a wake-up for %r on: %r", name, exc)
+        if self._listener is not None:
+            await self._listener.unsubscribe(name)
 
     async def info(self, name: str) -> LockInfo:
         owner, count, token, pttl = await _call(self._info(keys=[self.lock_key(name)]))
@@ -479,27 +329,25 @@ class RedisBackend:
         )
 
     async def names(self) -> list[str]:
-        """Names of the locks currently held under this client's prefix."""
+        """Names of the locks currently held under this client's prefix.
+
+        The plain (and fair) lock's holds ZSET ``<prefix>:{<name>}:fair``, and
+        the hash ``<prefix>:{<name>}`` of the hash-layout lock (Cluster, Redlock).
+        """
         found = []
         start = len(self._prefix) + 2
         try:
-            async for key in self._client.scan_iter(match=f"{self._prefix}:{{*}}", count=1000):
+            async for key in self._client.scan_iter(match=f"{self._prefix}:{{*}}*", count=1000):
                 text = _text(key) or ""
-                if text.endswith("}") and not text.endswith(":fence") and not text.endswith(":released"):
+                if text.endswith("}"):
                     found.append(text[start:-1])
+                elif text.endswith("}:fair"):
+                    found.append(text[start : -len("}:fair")])
         except (redis_errors.RedisError, OSError) as exc:
             raise _translate(exc) from exc
         return found
 
     async def aclose(self) -> None:
-        pending = list(self._tasks)
-        if self._wake_route is not None:
-            pending.append(self._wake_route)
-            self._wake_route = None
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
         if self._listener is not None:
             await self._listener.aclose()
             self._listener = None

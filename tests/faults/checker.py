@@ -17,8 +17,9 @@ Invariants, for one lock contended by many processes:
 5. Whatever a worker itself flagged (a hold left behind after a cancellation,
    an operation stuck past its bound), and any worker that died unasked.
 6. **Liveness**: an acquire past its bound is a violation on a backend that
-   queues its waiters (ZooKeeper, PostgreSQL: first come, first served). The
-   plain lock on the other backends is not fair: a waiter can lose every
+   queues its waiters (one Redis or Sentinel, ZooKeeper, PostgreSQL: first
+   come, first served). The plain lock on the others (Redis Cluster,
+   Redlock, memory) is not fair: a waiter can lose every
    race, so there it is a violation only if the lock stood still meanwhile
    (fewer than ``STARVED_HANDOVERS`` sections of others started); otherwise
    it is counted as *starved*.
