@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -131,6 +133,23 @@ def redis_backend(locks: asynclock.Locks) -> RedisBackend:
     backend = locks.backend
     assert isinstance(backend, RedisBackend)
     return backend
+
+
+@contextlib.contextmanager
+def handovers_dropped(locks: asynclock.Locks) -> Iterator[list[bytes]]:
+    """Hand-over messages to the Redis client ``locks`` vanish (as if published
+    while it reconnected) until the block ends; yields the list of those dropped."""
+    backend = redis_backend(locks)
+    listener = backend._listener
+    assert listener is not None
+    channel = backend.handovers().channel.encode()
+    dropped: list[bytes] = []
+    real = listener._routes[channel]
+    listener._routes[channel] = (dropped.append, real[1])
+    try:
+        yield dropped
+    finally:
+        listener._routes[channel] = real
 
 
 async def eventually(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:

@@ -18,7 +18,7 @@ import asynclock
 from asynclock import LockLost, LockTimeout
 from asynclock.abc import RenewItem
 from tests.conftest import make_harness
-from tests.harness import Harness
+from tests.harness import Harness, eventually, handovers_dropped
 from tests.servers import scaled
 
 pytestmark = pytest.mark.anyio
@@ -168,11 +168,7 @@ async def test_losing_one_permit_keeps_the_clients_other_permits(harness: Harnes
                 raise
 
     tasks = [asyncio.create_task(hold()) for _ in range(3)]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + scaled(5)
-    while len(leases) < 3:
-        assert loop.time() < deadline
-        await asyncio.sleep(0.01)
+    await eventually(lambda: len(leases) >= 3, scaled(5), "3 holders")
     victim = leases[0]
     if harness.kind == "memory":
         from asynclock.backends import memory
@@ -268,11 +264,7 @@ async def test_info_of_each_shape_lists_holders_and_counts_waiters(any_harness: 
     readers = [asyncio.create_task(hold(c.rw_lock("see").read)) for c in (a, b)]
     permits = [asyncio.create_task(hold(c.semaphore("see", permits=2))) for c in (a, b)]
     fair = [asyncio.create_task(hold(a.lock("see", fair=True)))]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + scaled(5)
-    while len(leases) < 5:
-        assert loop.time() < deadline
-        await asyncio.sleep(0.01)
+    await eventually(lambda: len(leases) >= 5, scaled(5), "5 holders")
     waiting = [
         asyncio.create_task(b.rw_lock("see").write.acquire()),
         asyncio.create_task(b.semaphore("see", permits=2).acquire()),
@@ -360,7 +352,6 @@ async def test_script_cache_flushed_while_acquires_are_queued(redis_own: Harness
 
 
 async def test_a_waiter_cancelled_after_an_unseen_hand_over_passes_it_on_at_once(redis_own: Harness) -> None:
-    from tests.harness import redis_backend
 
     holder, first, second = (redis_own.connect(ttl=scaled(3.0)) for _ in range(3))
     lock = holder.lock("pass", fair=True)
@@ -369,23 +360,17 @@ async def test_a_waiter_cancelled_after_an_unseen_hand_over_passes_it_on_at_once
     await _queued(lock, 1)
     two = asyncio.create_task(second.lock("pass", fair=True).acquire())
     await _queued(lock, 2)
-    backend = redis_backend(first)
-    listener = backend._listener
-    assert listener is not None
-    channel = backend.handovers().channel.encode()
-    real = listener._routes[channel]
-    listener._routes[channel] = (lambda payload: None, real[1])  # the hand-over message is lost
-    await lock.release()  # handed to ``first``, which does not know yet (its next poll is ttl/3 away)
-    info = await lock.info()
-    assert info.owner is not None and info.owner.startswith(first.client_id)
-    one.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await one
-    # The cancelled waiter gave the lock back, which handed it to ``second`` at once
-    # (well before the 3 s hold handed to ``first`` would have expired).
-    lease = await asyncio.wait_for(two, scaled(1.0))
-    assert lease.token is not None
-    listener._routes[channel] = real
+    with handovers_dropped(first):  # the hand-over message is lost
+        await lock.release()  # handed to ``first``, which does not know yet (its next poll is ttl/3 away)
+        info = await lock.info()
+        assert info.owner is not None and info.owner.startswith(first.client_id)
+        one.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await one
+        # The cancelled waiter gave the lock back, which handed it to ``second`` at once
+        # (well before the 3 s hold handed to ``first`` would have expired).
+        lease = await asyncio.wait_for(two, scaled(1.0))
+        assert lease.token is not None
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -649,11 +634,7 @@ async def test_one_stuck_hold_does_not_lose_the_other_holds_renewed_with_it(monk
                 await sem.release()
 
         tasks = [asyncio.create_task(hold()) for _ in range(2)]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + scaled(5)
-        while len(leases) < 2:
-            assert loop.time() < deadline
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(leases) >= 2, scaled(5), "2 holders")
         stuck_hold = leases[0]._hold
         real = sem._backend.renew
 

@@ -7,6 +7,7 @@ The generic semantics run in ``test_primitives.py`` and the lock contract in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator, Iterator
 
@@ -19,7 +20,7 @@ from asynclock._lease import drift
 from asynclock.backends._redis_primitives import RedisQueued
 from asynclock.backends.redis import RedisBackend, _ms
 from tests.child import ChildProcess, children
-from tests.harness import RedisHarness, redis_backend
+from tests.harness import RedisHarness, handovers_dropped, redis_backend
 from tests.servers import RedisServer, scaled
 from tests.servers.redis_topologies import SentinelSetup
 from tests.test_primitives import Holder
@@ -196,21 +197,13 @@ async def test_a_lost_hand_over_message_is_found_by_the_waiters_poll(fresh: Redi
     await lock.acquire()
     waiting = Holder(waiter.lock("lost", fair=True))
     await waiters(lock, 1)
-    # Messages to the waiter's client vanish (as if published while it reconnected).
-    backend = redis_backend(waiter)
-    listener = backend._listener
-    assert listener is not None
-    channel = backend.handovers().channel.encode()
-    dropped: list[bytes] = []
-    real = listener._routes[channel]
-    listener._routes[channel] = (dropped.append, real[1])
-    await lock.release()
-    lease = await waiting.got()
-    assert len(dropped) == 1, "the hand-over was published once"
-    assert not lease.lost
-    info = await waiter.lock("lost", fair=True).info()
-    assert info.owner is not None and info.owner.startswith(waiter.client_id)
-    listener._routes[channel] = real
+    with handovers_dropped(waiter) as dropped:
+        await lock.release()
+        lease = await waiting.got()
+        assert len(dropped) == 1, "the hand-over was published once"
+        assert not lease.lost
+        info = await waiter.lock("lost", fair=True).info()
+        assert info.owner is not None and info.owner.startswith(waiter.client_id)
     await waiting.release()
 
 
@@ -515,17 +508,11 @@ async def test_a_handed_over_lease_is_never_trusted_past_the_servers_expiry(
     await lock.acquire()
     waiting = Holder(waiter.lock("trust", fair=True))
     await waiters(lock, 1)
-    backend = redis_backend(waiter)
-    listener = backend._listener
-    assert listener is not None
-    channel = backend.handovers().channel.encode()
-    real = listener._routes[channel]
-    if drop_message:  # the poll finds the hand-over instead
-        listener._routes[channel] = (lambda payload: None, real[1])
-    await asyncio.sleep(TTL / 2)  # the waiter has polled at least once meanwhile
-    await lock.release()
-    lease = await waiting.got()
-    listener._routes[channel] = real
+    # with the message dropped, the poll finds the hand-over instead
+    with handovers_dropped(waiter) if drop_message else contextlib.nullcontext([]):
+        await asyncio.sleep(TTL / 2)  # the waiter has polled at least once meanwhile
+        await lock.release()
+        lease = await waiting.got()
     info = await waiter.lock("trust", fair=True).info()
     server_left = await _server_ms_left(admin, lock.key, info.owner or "")
     # The client trusts the lease until confirmed_at + ttl - drift(ttl); read after the
