@@ -411,3 +411,29 @@ async def test_the_watchdog_sleeps_through_acquires_and_releases_in_turn_and_sti
                     pass
             await asyncio.sleep(3 * TTL)
             assert not long_lease.lost and not short_lease.lost
+
+
+async def test_a_waiter_with_no_timeout_gives_up_on_a_black_holed_server(redis_fresh: RedisServer) -> None:
+    """A waiter queued on the server, with no timeout: the server stops
+    answering (a black hole, no connection error) while the holder keeps the
+    lock. The waiter's polls are bounded, so it ends with BackendUnavailable
+    about a ttl after the server went silent, not never."""
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        via = asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=TTL)
+        direct = asynclock.connect(redis_fresh.url, ttl=30 * TTL)
+        async with via, direct:
+            holder = direct.lock("silent")
+            await holder.acquire()
+            waiting = asyncio.create_task(via.lock("silent").acquire())
+            try:
+                await queued(holder, 1)
+                proxy.blackhole()
+                with pytest.raises(BackendUnavailable):
+                    # (a generous bound: about two ttls are expected; it took
+                    # 16 s, 27 ttls, before each poll was bounded)
+                    await asyncio.wait_for(waiting, 10 * TTL)
+            finally:
+                proxy.heal()
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+            await holder.release()

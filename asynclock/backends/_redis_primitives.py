@@ -420,19 +420,30 @@ class RedisQueued:
             1 if first else 0,
         ]
         backend = self._backend
-        if not backend.replicas:
-            answer = await _call(self._acquire(keys=keys, args=args))
-        else:
-            # On the same connection, WAIT for the replicas: once this write is
-            # on them, so is every earlier one, a hand-over to this hold included.
-            answer, confirmed = await backend._script_then_wait(self._acquire, keys, args)
-            if int(answer[0]) == 1 and confirmed < backend.replicas:
-                # Not on enough replicas: a failover now could lose it. Give it
-                # back (to the next in line); the caller retries or fails.
-                await self.release(name, hold)
-                raise BackendUnavailable(
-                    f"only {confirmed} of {backend.replicas} replicas confirmed the acquire within the replica timeout"
-                )
+        # Bounded: a server that stops answering (no connection error, no
+        # read timeout on the client) ends the request after a ttl (plus the
+        # replicas' WAIT), and the caller's retries give up after a ttl of
+        # such failures. A request cut short is repeated by the next poll
+        # (same hold id: the script is idempotent) or given back by identity.
+        bound = ttl + (backend._replica_timeout_ms / 1000 if backend.replicas else 0.0)
+        try:
+            async with asyncio.timeout(bound):
+                if not backend.replicas:
+                    answer = await _call(self._acquire(keys=keys, args=args))
+                    confirmed = 0
+                else:
+                    # On the same connection, WAIT for the replicas: once this write is
+                    # on them, so is every earlier one, a hand-over to this hold included.
+                    answer, confirmed = await backend._script_then_wait(self._acquire, keys, args)
+        except TimeoutError as exc:
+            raise BackendUnavailable(f"Redis did not answer within {bound:.3g}s") from exc
+        if backend.replicas and int(answer[0]) == 1 and confirmed < backend.replicas:
+            # Not on enough replicas: a failover now could lose it. Give it
+            # back (to the next in line); the caller retries or fails.
+            await self.release(name, hold)
+            raise BackendUnavailable(
+                f"only {confirmed} of {backend.replicas} replicas confirmed the acquire within the replica timeout"
+            )
         if int(answer[0]) == 1:
             return int(answer[1]), 0
         return -1, int(answer[1]) if int(answer[2]) == 1 else -2
@@ -534,7 +545,7 @@ class RedisQueued:
             # in is given back (which hands it to the next in line).
             if queue:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._give_back(name, hold))
+                    await asyncio.shield(self._give_back(name, hold, ttl))
             raise
         finally:
             handovers.forget(hold)
@@ -549,15 +560,17 @@ class RedisQueued:
             return Acquired(int(answer[1]), confirmed_at=queued_at)
         return None
 
-    async def _give_back(self, name: str, hold: str) -> None:
+    async def _give_back(self, name: str, hold: str, ttl: float) -> None:
         """Release ``hold`` (and so leave the queue) after a failed or cancelled acquire.
 
-        Runs shielded, possibly past its caller: its own errors end here (the
-        entry and any hold it got expire by themselves).
+        Runs shielded, possibly past its caller, for at most a ttl: its own
+        errors end here (the entry and any hold it got expire by themselves
+        within a ttl of the last request that reached the server).
         """
         try:
-            await self.release(name, hold)
-        except (LockError, OSError) as exc:
+            async with asyncio.timeout(ttl):
+                await self.release(name, hold)
+        except (LockError, OSError, TimeoutError) as exc:
             logger.info("could not give back %r of %r, it expires by itself: %r", hold, name, exc)
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
