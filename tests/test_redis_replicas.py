@@ -25,24 +25,41 @@ def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
     replica = RedisServer(extra=["--replicaof", "127.0.0.1", str(primary.port)])
     replica.start()
     try:
-        _wait_for_link(replica)
+        _wait_for_link(replica, primary)
         yield primary, replica
     finally:
         replica.cleanup()
         primary.cleanup()
 
 
-def _wait_for_link(replica: RedisServer) -> None:
+def _wait_for_link(replica: RedisServer, primary: RedisServer) -> None:
+    """Until the replica is linked, and the primary counts it for WAIT.
+
+    (The replica says the link is up before the primary counts it: that takes
+    the replica's first acknowledgement, up to a second later.)
+    """
     import time
 
     import redis
 
-    client = redis.Redis(port=replica.port)
     deadline = time.monotonic() + 20
-    while client.info("replication").get("master_link_status") != "up":
-        assert time.monotonic() < deadline, replica.log()
-        time.sleep(0.02)
-    client.close()
+    client = redis.Redis(port=replica.port)
+    try:
+        while client.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, replica.log()
+            time.sleep(0.02)
+    finally:
+        client.close()
+    admin = redis.Redis(port=primary.port)
+    try:
+        while True:
+            admin.set("link-check", 1)
+            if admin.execute_command("WAIT", 1, 100) >= 1:
+                break
+            assert time.monotonic() < deadline, "the primary never counted the replica for WAIT"
+        admin.delete("link-check")
+    finally:
+        admin.close()
 
 
 async def test_an_acquire_confirmed_by_a_replica_survives_promoting_it(
