@@ -2,6 +2,7 @@
 
 from ._connect import connect as connect
 from ._errors import BackendUnavailable as BackendUnavailable
+from ._errors import ConfigurationError as ConfigurationError
 from ._errors import LockError as LockError
 from ._errors import LockLost as LockLost
 from ._errors import LockTimeout as LockTimeout
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailable",
+    "ConfigurationError",
     "Lease",
     "Lock",
     "LockError",

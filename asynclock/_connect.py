@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ._locks import EventCallback, Locks
+from ._options import DEFAULT_CONNECT_TIMEOUT, seconds, take_query
 from ._validate import check_ttl
 from .abc import Backend
 
-#: Options that asynclock reads from a URL's query string (the rest goes to the client library).
-_OWN_OPTIONS = {"ttl", "prefix"}
-
-_PLANNED: dict[str, str] = {}
+#: Options that asynclock reads from a URL's query string for every backend.
+_OWN_OPTIONS = {"ttl", "prefix", "connect_timeout"}
 
 
 def connect(
@@ -21,6 +19,7 @@ def connect(
     ttl: float | None = None,
     prefix: str | None = None,
     on_event: EventCallback | None = None,
+    connect_timeout: float | None = None,
     **options: Any,
 ) -> Locks:
     """A lock client for ``target``: a URL, or an existing client object.
@@ -41,35 +40,38 @@ def connect(
     ``ttl`` (seconds, default 30) is the lease time the watchdog keeps renewing;
     ``prefix`` namespaces every key (default ``"asynclock"``); ``on_event`` is
     called with a :class:`LockEvent` for each acquire, release, renewal, loss
-    and timeout. Both may also come as URL query parameters
-    (``redis://h:6379/0?ttl=10&prefix=app``); other query parameters and
-    ``options`` go to the client library.
+    and timeout; ``connect_timeout`` (seconds, default 5) bounds connecting:
+    a refused connection or an unresolvable host raises
+    :class:`BackendUnavailable` within it. ``ttl``, ``prefix`` and
+    ``connect_timeout`` may also come as URL query parameters
+    (``redis://h:6379/0?ttl=10&prefix=app``); the backend's own options and
+    those of its client library may come either way too.
 
     No I/O happens here; the connection is made when the returned client is
     entered (``async with``) or first used. Raises ValueError for an unknown
-    scheme or a bad option, TypeError for an unsupported object.
+    scheme, an unknown option (naming the valid ones) or a bad value, and
+    TypeError for an unsupported object.
     """
+    if connect_timeout is not None:
+        connect_timeout = seconds(connect_timeout, "connect_timeout")
     if isinstance(target, str):
-        backend, url_opts = _from_url(target, prefix, options, ttl)
+        backend, url_opts = _from_url(target, prefix, options, ttl, connect_timeout)
     else:
-        backend, url_opts = _from_client(target, prefix, options), {}
+        chosen = DEFAULT_CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
+        backend, url_opts = _from_client(target, prefix, options, chosen), {}
     chosen_ttl = ttl if ttl is not None else url_opts.get("ttl", 30.0)
     return Locks(backend, ttl=check_ttl(chosen_ttl), on_event=on_event)
 
 
-def _split_query(url: str) -> tuple[str, dict[str, str]]:
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    own = {key: query.pop(key) for key in list(query) if key in _OWN_OPTIONS}
-    rest = urlunsplit(parts._replace(query=urlencode(query)))
-    return rest, own
-
-
 def _from_url(
-    url: str, prefix: str | None, options: dict[str, Any], ttl: float | None = None
+    url: str,
+    prefix: str | None,
+    options: dict[str, Any],
+    ttl: float | None = None,
+    connect_timeout: float | None = None,
 ) -> tuple[Backend, dict[str, Any]]:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    rest, own = _split_query(url)
+    rest, own = take_query(url, _OWN_OPTIONS)
     url_opts: dict[str, Any] = {}
     if "ttl" in own:
         try:
@@ -77,40 +79,39 @@ def _from_url(
         except ValueError as exc:
             raise ValueError(f"bad ttl in URL: {own['ttl']!r}") from exc
     chosen_prefix = _check_prefix(prefix if prefix is not None else own.get("prefix", "asynclock"))
+    if connect_timeout is None:
+        connect_timeout = seconds(own.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT), "connect_timeout")
+    common: dict[str, Any] = {"prefix": chosen_prefix, "connect_timeout": connect_timeout}
     if scheme == "memory":
-        if options:
-            raise ValueError(f"memory:// takes no options, got {sorted(options)}")
         from .backends.memory import MemoryBackend
 
-        return MemoryBackend(prefix=chosen_prefix), url_opts
+        return MemoryBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
     if scheme in ("redis", "rediss", "unix"):
         from .backends.redis import RedisBackend
 
-        return RedisBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
+        return RedisBackend.from_url(rest, **common, **options), url_opts
     if scheme in ("postgresql", "postgres"):
         from .backends.postgres import PostgresBackend
 
-        return PostgresBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
+        return PostgresBackend.from_url(rest, **common, **options), url_opts
     if scheme == "zk":
         from .backends.zookeeper import ZooKeeperBackend
 
         # the lease is the session: its timeout defaults to the client's ttl
         session_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl", 30.0)
-        return ZooKeeperBackend.from_url(rest, prefix=chosen_prefix, ttl=session_ttl, **options), url_opts
+        return ZooKeeperBackend.from_url(rest, ttl=session_ttl, **common, **options), url_opts
     if scheme == "redlock":
         from .backends.redlock import RedlockBackend
 
-        return RedlockBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
+        return RedlockBackend.from_url(rest, **common, **options), url_opts
     if scheme == "redis+sentinel":
         from .backends.sentinel import SentinelBackend
 
-        return SentinelBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
+        return SentinelBackend.from_url(rest, **common, **options), url_opts
     if scheme == "redis+cluster":
         from .backends.cluster import ClusterBackend
 
-        return ClusterBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
-    if scheme in _PLANNED:
-        raise ValueError(f"the {_PLANNED[scheme]} backend ({scheme}://) is not available in this version")
+        return ClusterBackend.from_url(rest, **common, **options), url_opts
     known = (
         "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://,"
         " redlock://, redis+sentinel://, redis+cluster://"
@@ -118,7 +119,7 @@ def _from_url(
     raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
 
 
-def _from_client(client: Any, prefix: str | None, options: dict[str, Any] | None = None) -> Backend:
+def _from_client(client: Any, prefix: str | None, options: dict[str, Any], connect_timeout: float) -> Backend:
     chosen_prefix = _check_prefix(prefix if prefix is not None else "asynclock")
     if type(client).__module__.startswith("asyncpg"):
         import asyncpg
@@ -126,7 +127,7 @@ def _from_client(client: Any, prefix: str | None, options: dict[str, Any] | None
         if isinstance(client, asyncpg.Pool):
             from .backends.postgres import PostgresBackend
 
-            return PostgresBackend(client, prefix=chosen_prefix, **(options or {}))
+            return PostgresBackend(client, prefix=chosen_prefix, connect_timeout=connect_timeout, **options)
     try:
         import redis.asyncio as aioredis
     except ImportError:  # pragma: no cover - depends on the environment
@@ -134,11 +135,13 @@ def _from_client(client: Any, prefix: str | None, options: dict[str, Any] | None
     if aioredis is not None and isinstance(client, aioredis.RedisCluster):
         from .backends.cluster import ClusterBackend
 
-        return ClusterBackend(client, prefix=chosen_prefix, owns_client=False)
+        return ClusterBackend(
+            client, prefix=chosen_prefix, owns_client=False, connect_timeout=connect_timeout, **options
+        )
     if aioredis is not None and isinstance(client, aioredis.Redis):
         from .backends.redis import RedisBackend
 
-        return RedisBackend(client, prefix=chosen_prefix, owns_client=False, **(options or {}))
+        return RedisBackend(client, prefix=chosen_prefix, owns_client=False, connect_timeout=connect_timeout, **options)
     raise TypeError(
         f"connect() takes a URL, a redis.asyncio.Redis client or an asyncpg.Pool, not {type(client).__name__}"
     )

@@ -7,7 +7,10 @@
      ├── LockLost                                   a held lease expired, was taken, or
      │                                              could not be renewed before its deadline
      ├── NotHeld                                    release by someone who holds nothing
-     └── BackendUnavailable   (also ConnectionError) the server could not be reached in time
+     ├── BackendUnavailable   (also ConnectionError) the server could not be reached in time
+     └── ConfigurationError                         what no retry can fix: authentication or
+                                                    permission refused, no such database,
+                                                    a TLS certificate refused
 
 Bad arguments raise ``ValueError`` / ``TypeError`` before any I/O.
 """
@@ -50,3 +53,14 @@ class NotHeld(LockError):
 
 class BackendUnavailable(LockError, ConnectionError):
     """The lock server could not be reached within the operation's time."""
+
+
+class ConfigurationError(LockError):
+    """What no retry can fix: the server refused this client's configuration.
+
+    Authentication or permission refused, a database index out of range, a
+    ZooKeeper chroot or ACL refusal, a TLS certificate error. Raised at once
+    from the first operation that meets it (an ``acquire`` that would wait
+    forever too); a waiter never retries it. The message names the server's
+    address (never a password) and quotes the server's own words.
+    """

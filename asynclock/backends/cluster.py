@@ -42,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
 from .._errors import BackendUnavailable, LockError
+from .._options import DEFAULT_CONNECT_TIMEOUT
 from .._values import LockInfo
 from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 from . import _redis_scripts as scripts
@@ -120,14 +121,28 @@ class ClusterBackend(RedisBackend):
 
     kind = "redis+cluster"
 
-    def __init__(self, client: RedisCluster, *, prefix: str = "asynclock", owns_client: bool = False) -> None:
-        super().__init__(client, prefix=prefix, owns_client=owns_client)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        client: RedisCluster,
+        *,
+        prefix: str = "asynclock",
+        owns_client: bool = False,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
+        super().__init__(client, prefix=prefix, owns_client=owns_client, connect_timeout=connect_timeout)  # type: ignore[arg-type]
         self._cluster = client
         self._release = client.register_script(scripts.RELEASE_SHARDED)
         self._shards: _ShardListener | None = None
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> ClusterBackend:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "asynclock",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: Any,
+    ) -> ClusterBackend:
         """``redis+cluster://[:password@]h1:p1,h2:p2,…[?option=…]``: any reachable nodes of the cluster."""
         parts = urlsplit(url)
         userinfo, _, hosts = parts.netloc.rpartition("@")
@@ -148,13 +163,14 @@ class ClusterBackend(RedisBackend):
             if password:
                 kwargs["password"] = password
         kwargs.update(options)
+        kwargs.setdefault("socket_connect_timeout", connect_timeout)
         # Fail fast on a dead node (the front retries requests itself): a
         # client that retries with backoff holds its topology refresh, and so
         # every other slot's requests, for a second per failed request.
         kwargs.setdefault("retry", Retry(NoBackoff(), 1))
         client = RedisCluster(startup_nodes=nodes, **kwargs)
         client.commands_parser = _AnyPrimaryParser(client)
-        return cls(client, prefix=prefix, owns_client=True)
+        return cls(client, prefix=prefix, owns_client=True, connect_timeout=connect_timeout)
 
     def primitive(self, shape: Shape) -> Backend:
         """Only the plain lock: the other shapes hand over on a per-client channel, which a shard cannot route."""

@@ -16,7 +16,9 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from .._options import query_names, reject_unknown
 from .._values import LockInfo
 from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
 
@@ -347,6 +349,12 @@ class MemoryBackend:
         self._id = id(self)
         self._hooks: BackendHooks | None = None
         self._subscribed: set[str] = set()
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> MemoryBackend:
+        """``memory://``: takes no options but the client's own (``ttl``, ``prefix``, ``connect_timeout``)."""
+        reject_unknown([*query_names(url), *options], (), "memory://")
+        return cls(prefix=prefix)
 
     def lock_key(self, name: str) -> str:
         return f"{self._prefix}:{name}"

@@ -117,6 +117,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the PostgreSQL backend needs asyncpg: pip install 'asynclock[postgres]'") from exc
 
 from .._errors import BackendUnavailable, LockError
+from .._options import DEFAULT_CONNECT_TIMEOUT
 from .._values import LockInfo
 from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 
@@ -350,6 +351,7 @@ class PostgresBackend:
         table: str | None = None,
         max_leases: int | None = None,
         pool_options: dict[str, Any] | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         if (pool is None) == (dsn is None):
             raise TypeError("PostgresBackend needs exactly one of an asyncpg pool or a dsn")
@@ -363,6 +365,8 @@ class PostgresBackend:
         self._owns_pool = pool is None
         self._dsn = dsn
         self._pool_options = dict(pool_options or {})
+        self._connect_timeout = connect_timeout
+        self._pool_options.setdefault("timeout", connect_timeout)
         self._prefix = prefix
         self._table = table if table is not None else f"{prefix}_fence"
         if max_leases is None:
@@ -414,6 +418,7 @@ class PostgresBackend:
         prefix: str = "asynclock",
         table: str | None = None,
         max_leases: int | str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         **options: Any,
     ) -> PostgresBackend:
         """A backend with its own pool for ``url`` (closed by ``aclose``).
@@ -435,7 +440,14 @@ class PostgresBackend:
         for own in ("min_size", "max_size"):
             if own in options:
                 raise ValueError(f"{own} is chosen by asynclock; use max_leases= to size the pool")
-        return cls(dsn=url, prefix=prefix, table=table, max_leases=max_leases, pool_options=options)
+        return cls(
+            dsn=url,
+            prefix=prefix,
+            table=table,
+            max_leases=max_leases,
+            pool_options=options,
+            connect_timeout=connect_timeout,
+        )
 
     @property
     def pool(self) -> Any:

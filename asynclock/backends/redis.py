@@ -33,6 +33,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
 from .._errors import BackendUnavailable, LockError
+from .._options import DEFAULT_CONNECT_TIMEOUT
 from .._values import LockInfo
 from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 from . import _redis_scripts as scripts
@@ -132,9 +133,11 @@ class RedisBackend:
         owns_client: bool = False,
         replicas: int = 0,
         replica_timeout: float = 0.5,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         _check_replicas(replicas, replica_timeout)
         self._client = client
+        self._connect_timeout = connect_timeout
         self._owns_client = owns_client
         self._prefix = prefix
         #: Replicas that must confirm each acquire and renewal (Redis WAIT); 0: do not wait.
@@ -152,7 +155,14 @@ class RedisBackend:
         self._plain: Backend | None = None
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> RedisBackend:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "asynclock",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: Any,
+    ) -> RedisBackend:
         """A backend with its own client for ``url`` (closed by ``aclose``).
 
         ``replicas`` and ``replica_timeout`` may come as keyword arguments or
@@ -167,8 +177,16 @@ class RedisBackend:
         except ValueError as exc:
             raise ValueError(f"bad replicas/replica_timeout option in the URL: {exc}") from None
         _check_replicas(replicas, replica_timeout)  # before a client exists
+        options.setdefault("socket_connect_timeout", connect_timeout)
         client = aioredis.Redis.from_url(url, **options)
-        return cls(client, prefix=prefix, owns_client=True, replicas=replicas, replica_timeout=replica_timeout)
+        return cls(
+            client,
+            prefix=prefix,
+            owns_client=True,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            connect_timeout=connect_timeout,
+        )
 
     @property
     def client(self) -> aioredis.Redis:

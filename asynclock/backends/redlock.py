@@ -59,6 +59,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._errors import BackendUnavailable
 from .._lease import drift
+from .._options import DEFAULT_CONNECT_TIMEOUT
 from .._values import LockInfo
 from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
 from .redis import RedisBackend, _Listener
@@ -118,7 +119,14 @@ class RedlockBackend:
         self._ttl_hint = 5.0
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> RedlockBackend:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "asynclock",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: Any,
+    ) -> RedlockBackend:
         """``redlock://[user:password@]h1:p1,h2:p2,…[/db][?node_timeout=0.2&…]``.
 
         Other query parameters and ``options`` go to every node's client.
@@ -138,6 +146,7 @@ class RedlockBackend:
             raise ValueError(f"a Redlock URL names its nodes: redlock://h1:p1,h2:p2,h3:p3, not {url!r}")
         # Fail fast on a dead node: the per-node timeout is the only wait we want.
         options.setdefault("retry", Retry(NoBackoff(), 0))
+        options.setdefault("socket_connect_timeout", connect_timeout)
         auth = f"{userinfo}@" if userinfo else ""
         rest = f"{parts.path}?{urlencode(query)}" if query else parts.path
         clients = [aioredis.Redis.from_url(f"redis://{auth}{address}{rest}", **options) for address in addresses]

@@ -34,6 +34,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Sentinel backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
+from .._options import DEFAULT_CONNECT_TIMEOUT
 from .redis import RedisBackend, _check_replicas
 
 __all__ = ["SentinelBackend"]
@@ -87,7 +88,14 @@ class SentinelBackend(RedisBackend):
         self._sentinel = sentinel
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> SentinelBackend:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "asynclock",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: Any,
+    ) -> SentinelBackend:
         """``redis+sentinel://[:password@]s1:p1,s2:p2/service[/db][?option=…]``.
 
         The password is the data nodes'; ``sentinel_password`` (query or
@@ -122,6 +130,7 @@ class SentinelBackend(RedisBackend):
             if password:
                 kwargs["password"] = unquote(password)
         kwargs.update(options)
+        kwargs.setdefault("socket_connect_timeout", connect_timeout)
         replicas: Any = kwargs.pop("replicas", 0)
         replica_timeout: Any = kwargs.pop("replica_timeout", 0.5)
         try:  # URL query values are text

@@ -1,0 +1,115 @@
+"""Options from ``connect()`` keywords and URL query strings, checked before any I/O.
+
+One place for what every backend needs when it reads its URL: taking its
+own parameters out of the query string, refusing unknown ones with the
+closest valid name, turning URL text into numbers, and hiding passwords in
+anything that is printed or raised.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Collection, Iterable
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+#: Default of the ``connect_timeout`` option, in seconds.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+#: What a password is shown as.
+MASK = "***"
+
+
+def suggest(name: str, valid: Iterable[str]) -> str | None:
+    """The valid option closest to ``name`` (a typo's likely meaning), or None."""
+    matches = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def reject_unknown(given: Iterable[str], valid: Collection[str], where: str) -> None:
+    """Raise ValueError for the first name in ``given`` that is not in ``valid``.
+
+    The message names the option, the closest valid one and every valid one,
+    e.g. ``unknown option 'tll' for redis://: did you mean 'ttl'? (valid: …)``.
+    """
+    for name in given:
+        if name in valid:
+            continue
+        hint = suggest(name, valid)
+        did_you_mean = f": did you mean {hint!r}?" if hint else ""
+        raise ValueError(f"unknown option {name!r} for {where}{did_you_mean} (valid: {', '.join(sorted(valid))})")
+
+
+def take_query(url: str, names: Collection[str]) -> tuple[str, dict[str, str]]:
+    """Split ``url`` into the URL without the query parameters ``names``, and those parameters."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    own = {key: value for key, value in query if key in names}
+    rest = [(key, value) for key, value in query if key not in names]
+    return urlunsplit(parts._replace(query=urlencode(rest))), own
+
+
+def query_names(url: str) -> list[str]:
+    """The names of ``url``'s query parameters, in order."""
+    return [key for key, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)]
+
+
+def seconds(value: object, what: str, *, allow_zero: bool = False) -> float:
+    """A positive finite number of seconds from a keyword (a number) or a URL (text)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{what} must be a number of seconds, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        raise ValueError(f"{what} must be a positive finite number of seconds, got {value!r}")
+    return number
+
+
+def whole(value: object, what: str, *, minimum: int = 0) -> int:
+    """A whole number from a keyword (an int) or a URL (text), at least ``minimum``."""
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{what} must be a whole number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be a whole number, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{what} must be at least {minimum}, got {value}")
+    return value
+
+
+def mask_url(url: str) -> str:
+    """``url`` with the password of its userinfo (and any ``password=`` parameter) replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hosts = netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        netloc = f"{user}{colon}{MASK if colon else ''}@{hosts}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_secret(key) for key, _ in pairs):
+            query = urlencode([(key, MASK if _secret(key) else value) for key, value in pairs], safe="*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def mask_text(text: str, secrets: Iterable[str | None]) -> str:
+    """``text`` with every non-empty secret in ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def _secret(key: str) -> bool:
+    key = key.lower()
+    return "password" in key or key in {"passwd", "pass", "token", "auth"}
