@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import anyio
 
-from ._errors import BackendUnavailable, LockError, LockLost, LockTimeout, NotHeld
+from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, LockTimeout, NotHeld
 from ._lease import Lease, LeaseKeeper
 from ._notify import WakeHub
 from ._validate import check_name, check_timeout, check_ttl
@@ -367,7 +367,7 @@ class Locks:
                     released = await lease._backend.release(lease.name, lease._hold)
             except (LockError, OSError, TimeoutError) as exc:
                 ambiguous = True
-                if loop.time() + delay >= give_up:
+                if isinstance(exc, ConfigurationError) or loop.time() + delay >= give_up:
                     if raise_errors:
                         raise _unavailable(exc) from exc
                     logger.info("could not release %r (%r); it expires by itself", lease.name, exc)
@@ -388,8 +388,9 @@ class _HoldRetired(Exception):
         self.__cause__ = cause
 
 
-def _unavailable(exc: BaseException) -> BackendUnavailable:
-    if isinstance(exc, BackendUnavailable):
+def _unavailable(exc: BaseException) -> LockError:
+    """``exc`` as what a caller sees: BackendUnavailable, or a ConfigurationError as it is."""
+    if isinstance(exc, (BackendUnavailable, ConfigurationError)):
         return exc
     return BackendUnavailable(f"lock server did not answer in time: {exc!r}")
 
@@ -457,6 +458,8 @@ class Lock:
             async with asyncio.timeout(window):
                 try:
                     info = await backend.info(self.name)
+                except ConfigurationError:
+                    raise
                 except (LockError, OSError):
                     info = await backend.info(self.name)  # read-only: one retry on a fresh connection
         except (LockError, OSError, TimeoutError) as exc:
@@ -665,7 +668,7 @@ class Lock:
                     ok = await lease._backend.set_count(self.name, lease._hold, lease.hold_count, lease._ttl)
                 break
             except (LockError, OSError, TimeoutError) as exc:
-                if loop.time() + delay >= give_up:
+                if isinstance(exc, ConfigurationError) or loop.time() + delay >= give_up:
                     # The count is informational; the client's count is the truth
                     # and a release at zero removes the hold whatever it says.
                     logger.info("could not record hold count of %r: %r", self.name, exc)
@@ -726,6 +729,8 @@ class Lock:
         except TimeoutError as exc:
             locks._spawn(locks._release_on_server(lease, raise_errors=False))
             return _HoldRetired(exc)
+        except ConfigurationError:
+            raise  # no retry can fix it; the try got nothing
         except (LockError, OSError) as exc:
             return exc
         if isinstance(result, Busy):
@@ -779,6 +784,9 @@ class Lock:
                 locks._emit("timeout", self.name, owner, None, wait_s=loop.time() - started)
                 raise BackendUnavailable(_CLOSED) from None
             raise
+        except ConfigurationError:
+            locks._emit("timeout", self.name, owner, None, wait_s=loop.time() - started)
+            raise  # no retry can fix it; the wait got nothing
         except (LockError, OSError, TimeoutError) as exc:
             if not task.done():  # our outer bound fired: leave the queue, time is up
                 task.cancel()
