@@ -17,8 +17,8 @@ import contextlib
 import heapq
 import itertools
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from ._errors import LockError
 from .abc import RenewItem
@@ -48,7 +48,8 @@ class Lease:
     the watchdog keeps moving it forward while the lease is renewed.
     ``lost`` turns true when the lease is lost; ``await lease.wait_lost()``
     returns then. Re-entering the lock returns the same Lease with a higher
-    ``hold_count``.
+    ``hold_count``. ``await lease.release()`` releases it (every hold) from
+    any task, e.g. a request handler other than the one that acquired it.
 
     Example::
 
@@ -70,8 +71,11 @@ class Lease:
         "_lost_event",
         "_next_due",
         "_on_lost",
+        "_owner_done",
+        "_owner_task",
         "_reason",
         "_released",
+        "_releaser",
         "_scopes",
         "_shape",
         "_ttl",
@@ -93,6 +97,7 @@ class Lease:
         on_lost: Callable[[Lease, str], None],
         backend: Backend,
         shape: Shape,
+        releaser: Callable[[Lease], Awaitable[None]],
     ) -> None:
         self.name = name
         self.owner = owner
@@ -113,6 +118,10 @@ class Lease:
         self._on_lost = on_lost
         self._backend = backend  # the adapter of the primitive this lease holds
         self._shape = shape
+        self._releaser = releaser
+        # The task that owns the hold, while it is watched for ending still holding it.
+        self._owner_task: asyncio.Task[Any] | None = None
+        self._owner_done: Callable[[asyncio.Task[Any]], None] | None = None
 
     def __repr__(self) -> str:
         state = f"lost: {self._reason}" if self._reason else f"holds={self.hold_count}"
@@ -164,6 +173,15 @@ class Lease:
             if self._reason is None and _now() >= self._expires_at:
                 self._lose(self._deadline_reason())
         return self._reason
+
+    async def release(self) -> None:
+        """Release this lease, every hold of it, from any task.
+
+        Raises :class:`NotHeld` if it was already released or lost. An
+        ``async with`` body of another task that runs under this lease is
+        cancelled and its block raises :class:`LockLost`.
+        """
+        await self._releaser(self)
 
     # -- internal -------------------------------------------------------------
 

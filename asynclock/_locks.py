@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import secrets
@@ -49,6 +50,9 @@ _RETRY_MAX = 1.0
 _REQUEST_WINDOW = 1.0
 #: Why an acquire in progress ends when its client is closed (like a queued wait does).
 _CLOSED = "the Locks client was closed while this acquire was in progress"
+#: What every call on a closed client raises.
+_CLIENT_CLOSED = "client is closed"
+_detached_ids = itertools.count(1)
 
 
 def current_owner() -> str:
@@ -131,6 +135,7 @@ class Locks:
         Raises TypeError / ValueError for a bad name or ttl, and
         NotImplementedError when the backend has no fair lock.
         """
+        self._check_open()
         if not isinstance(fair, bool):
             raise TypeError(f"fair must be a bool, not {type(fair).__name__}")
         return Lock(self, check_name(name), self._check_ttl(ttl), Shape("fair") if fair else LOCK)
@@ -143,6 +148,7 @@ class Locks:
         the write hold); taking ``.write`` while holding only ``.read`` raises
         :class:`LockError` instead of deadlocking. Cheap, no I/O.
         """
+        self._check_open()
         return RWLock(self, check_name(name), self._check_ttl(ttl))
 
     def semaphore(self, name: str, *, permits: int, ttl: float | None = None) -> Semaphore:
@@ -153,6 +159,7 @@ class Locks:
         runs out. Every client of a name must use the same ``permits``. Cheap,
         no I/O.
         """
+        self._check_open()
         if isinstance(permits, bool) or not isinstance(permits, int):
             raise TypeError(f"permits must be an int, not {type(permits).__name__}")
         if not 1 <= permits <= 100_000:
@@ -167,6 +174,10 @@ class Locks:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(_CLIENT_CLOSED)
 
     def _check_ttl(self, ttl: float | None) -> float:
         return self._ttl if ttl is None else check_ttl(ttl)
@@ -239,7 +250,7 @@ class Locks:
 
     async def _ensure_started(self) -> tuple[LeaseKeeper, WakeHub]:
         if self._closed:
-            raise RuntimeError("this Locks client is closed")
+            raise RuntimeError(_CLIENT_CLOSED)
         keeper, hub = self._keeper, self._hub
         if keeper is not None and hub is not None:
             if self._loop is not asyncio.get_running_loop():
@@ -269,7 +280,7 @@ class Locks:
         assert self._start_lock is not None
         async with self._start_lock:
             if self._closed:
-                raise RuntimeError("this Locks client is closed")
+                raise RuntimeError(_CLIENT_CLOSED)
             found = self._hubs.get(shape)
             if found is None:
                 adapter = self._adapter(shape)
@@ -293,6 +304,10 @@ class Locks:
         return task
 
     def _forget(self, lease: Lease) -> None:
+        task, done = lease._owner_task, lease._owner_done
+        if task is not None and done is not None:
+            lease._owner_task = lease._owner_done = None
+            task.remove_done_callback(done)
         if lease._shape.kind == "write":
             # The reads this owner joined to the write hold end with it.
             self._joined.pop((lease.name, lease.owner), None)
@@ -302,6 +317,72 @@ class Locks:
             del owners[lease.owner]
             if not owners:
                 del self._holds[key]
+
+    def _watch_owner(self, lease: Lease) -> None:
+        """Abandon ``lease`` if the running task (its owner) ends while holding it."""
+        task = asyncio.current_task()
+        assert task is not None
+        if lease._owner_task is task:
+            return
+        lease._owner_task = task
+        lease._owner_done = functools.partial(self._owner_ended, lease)
+        task.add_done_callback(lease._owner_done)
+
+    def _owner_ended(self, lease: Lease, task: asyncio.Task[Any]) -> None:
+        """The owner task of ``lease`` ended still holding it: release it now, and say so."""
+        lease._owner_task = lease._owner_done = None
+        if lease._released or lease._reason is not None or self._closed:
+            return
+        if self._keeper is not None:
+            self._keeper.remove(lease)
+        self._forget(lease)
+        lease._released = True
+        logger.warning(
+            "lock %r abandoned: its owner task %r ended while holding it (hold count %d); releasing it."
+            " Release before the task ends, or acquire with detached=True to keep a lock beyond a task.",
+            lease.name,
+            task.get_name(),
+            lease.hold_count,
+        )
+        held = asyncio.get_running_loop().time() - lease._acquired_at
+        self._emit("abandoned", lease.name, lease.owner, lease.token, held_s=held, reason="owner task ended")
+        self._spawn(self._release_on_server(lease, raise_errors=False))
+
+    async def _release_lease(self, lease: Lease, shape: Shape | None = None) -> None:
+        """Release every hold of ``lease`` on the server (``Lock.release`` at zero, ``lease.release()``)."""
+        if lease._released or lease.lost:
+            raise NotHeld(lease.name, "this lease was already released or lost")
+        keeper = self._keeper
+        assert keeper is not None
+        # Deregister before the release request is sent: no renewal can follow it.
+        keeper.remove(lease)
+        self._forget(lease)
+        lease._released = True
+        task = asyncio.current_task()
+        if lease._scopes and (task is None or lease.owner != current_owner()):
+            # Released from another task: the bodies that held it no longer do.
+            for scope in lease._scopes:
+                scope.cancel()
+        held_s = asyncio.get_running_loop().time() - lease._acquired_at
+        try:
+            released = await self._release_on_server(lease, raise_errors=True)
+        except asyncio.CancelledError:
+            # The caller is cancelled; the hold must still go. A release by the
+            # hold's identity is idempotent, so repeating one that may have gone
+            # out already is harmless.
+            self._spawn(self._release_on_server(lease, raise_errors=False))
+            raise
+        if not released:
+            lease._released = False
+            lease._lose("the server no longer had this hold at release (expired or taken)")
+            raise NotHeld(lease.name, "the lease had expired or been taken before release")
+        self._emit("released", lease.name, lease.owner, lease.token, held_s=held_s)
+        hub = self._hubs.get(shape if shape is not None else lease._shape)
+        if hub is not None and hub.waiting(lease.name):
+            # One event-loop turn before the caller goes on: a waiter this
+            # release woke in this process tries first, instead of losing every
+            # time to the releasing task's next acquire (which would starve it).
+            await asyncio.sleep(0)
 
     def _lease_lost(self, lease: Lease, reason: str) -> None:
         self._forget(lease)
@@ -468,21 +549,44 @@ class Lock:
             info = dataclasses.replace(info, holders=(info.owner,))
         return info
 
-    async def acquire(self, *, timeout: float | None = None) -> Lease:
+    async def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Lease:
         """Wait until this task holds the lock and return the Lease.
 
         ``timeout=None`` waits forever, ``timeout=0`` tries once. Raises
         :class:`LockTimeout` when the time runs out, :class:`BackendUnavailable`
-        when the server could not be reached in that time. Cancelling the
-        caller never leaves the lock held.
+        when the server could not be reached in that time,
+        :class:`ConfigurationError` at once when the server refuses this
+        client's configuration. Cancelling the caller never leaves the lock held.
+
+        The hold belongs to the calling task: the same task acquiring again
+        re-enters it, and if the task ends while still holding it the hold is
+        *abandoned*: released at once, with a WARNING and an ``"abandoned"``
+        event. (So do not wrap this call in a task of its own, as
+        ``asyncio.wait_for`` does on Python 3.11: use ``timeout=``.)
+
+        ``detached=True`` makes a lease that belongs to no task: no re-entry,
+        kept alive until ``await lease.release()``, its loss, or the client's
+        close. It is the way to keep a lock across requests of a web service.
         """
         timeout = check_timeout(timeout)
+        if not isinstance(detached, bool):
+            raise TypeError(f"detached must be a bool, not {type(detached).__name__}")
         locks = self._locks
         keeper, hub = await locks._ensure_shape(self._shape)
-        owner = current_owner()
-        held = locks._holds.get(self._key, {}).get(owner)
-        if held is not None:
-            return await self._reenter(held)
+        if detached:
+            owner = f"detached-{next(_detached_ids)}"
+        else:
+            owner = current_owner()
+            held = locks._holds.get(self._key, {}).get(owner)
+            if held is not None:
+                return await self._reenter(held)
+        lease = await self._acquire_new(owner, timeout, keeper, hub)
+        if not detached:
+            locks._watch_owner(lease)
+        return lease
+
+    async def _acquire_new(self, owner: str, timeout: float | None, keeper: LeaseKeeper, hub: WakeHub) -> Lease:
+        locks = self._locks
 
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -557,6 +661,7 @@ class Lock:
         on the server then.
         """
         locks = self._locks
+        locks._check_open()
         owner = current_owner()
         lease = locks._holds.get(self._key, {}).get(owner)
         if lease is None or lease.lost:
@@ -565,36 +670,7 @@ class Lock:
             lease.hold_count -= 1
             await self._record_count(lease)
             return
-        keeper = locks._keeper
-        assert keeper is not None
-        # Deregister before the release request is sent: no renewal can follow it.
-        keeper.remove(lease)
-        locks._forget(lease)
-        lease._released = True
-        held_s = asyncio.get_running_loop().time() - lease._acquired_at
-        try:
-            released = await locks._release_on_server(lease, raise_errors=True)
-        except asyncio.CancelledError:
-            # The caller is cancelled; the hold must still go. A release by the
-            # hold's identity is idempotent, so repeating one that may have gone
-            # out already is harmless. (Awaited directly, not in a task of its
-            # own, to keep the common case to the request's own loop turns;
-            # the releaser cannot take the lock straight back from a waiter of
-            # another client the release woke: that client has a turn, see the
-            # backends.)
-            locks._spawn(locks._release_on_server(lease, raise_errors=False))
-            raise
-        if not released:
-            lease._released = False
-            lease._lose("the server no longer had this hold at release (expired or taken)")
-            raise NotHeld(self.name, "the lease had expired or been taken before release")
-        locks._emit("released", self.name, owner, lease.token, held_s=held_s)
-        hub = locks._hubs.get(self._shape)
-        if hub is not None and hub.waiting(self.name):
-            # One event-loop turn before the caller goes on: a waiter this
-            # release woke in this process tries first, instead of losing every
-            # time to the releasing task's next acquire (which would starve it).
-            await asyncio.sleep(0)
+        await locks._release_lease(lease, self._shape)
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
@@ -616,6 +692,12 @@ class Lock:
         if lease._reason is None and not lease._released and asyncio.get_running_loop().time() >= lease.expires_at:
             lease._lose(lease._deadline_reason())  # the watchdog stalled or kept failing
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        if lease._released and not lease.lost:
+            # Released inside the block by ``lease.release()``: by this task (nothing
+            # left to do), or by another one, which cancelled this body.
+            if swallowed:
+                raise LockLost(self.name, "released by lease.release() in another task") from exc
+            return False
         if lease.lost:
             reason = lease.lost_reason or "lost"
             if swallowed or exc is None:
@@ -699,6 +781,7 @@ class Lock:
             on_lost=locks._lease_lost,
             backend=self._backend,
             shape=self._key[0],
+            releaser=locks._release_lease,
         )
         # Bound each request: by the caller's deadline, and by the lease time
         # (an answer later than that would be useless anyway).
@@ -763,6 +846,7 @@ class Lock:
             on_lost=locks._lease_lost,
             backend=self._backend,
             shape=self._key[0],
+            releaser=locks._release_lease,
         )
         if locks._closed:
             raise BackendUnavailable(_CLOSED)
@@ -852,6 +936,7 @@ class Lock:
             on_lost=locks._lease_lost,
             backend=self._backend,
             shape=self._key[0],
+            releaser=locks._release_lease,
         )
         locks._spawn(locks._release_on_server(probe, raise_errors=False))
 
@@ -925,10 +1010,10 @@ class WriteLock(Lock):
     def __repr__(self) -> str:
         return f"<RWLock {self.name!r} write ttl={self.ttl}>"
 
-    async def acquire(self, *, timeout: float | None = None) -> Lease:
+    async def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Lease:
         owner = current_owner()
         holds = self._locks._holds
-        if owner not in holds.get(self._key, {}) and owner in holds.get(self._read._key, {}):
+        if not detached and owner not in holds.get(self._key, {}) and owner in holds.get(self._read._key, {}):
             # Waiting for the write side while holding the read side would wait
             # for ourselves (and two tasks doing it would wait for each other).
             raise LockError(
@@ -936,7 +1021,7 @@ class WriteLock(Lock):
                 "lock; an upgrade would deadlock. Release the read lock first (or take the write lock "
                 "from the start: its holder may also take the read lock)."
             )
-        return await super().acquire(timeout=timeout)
+        return await super().acquire(timeout=timeout, detached=detached)
 
     @property
     def held(self) -> bool:
@@ -985,18 +1070,18 @@ class ReadLock(Lock):
             return self._write._holding()
         return super().held
 
-    async def acquire(self, *, timeout: float | None = None) -> Lease:
+    async def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Lease:
         check_timeout(timeout)
         owner = current_owner()
         holds = self._locks._holds
-        if owner not in holds.get(self._key, {}):
+        if not detached and owner not in holds.get(self._key, {}):
             writing = holds.get(self._write._key, {}).get(owner)
             if writing is not None:
                 lease = await self._write._reenter(writing)
                 joined = self._locks._joined
                 joined[self.name, owner] = joined.get((self.name, owner), 0) + 1
                 return lease
-        return await super().acquire(timeout=timeout)
+        return await super().acquire(timeout=timeout, detached=detached)
 
     async def release(self) -> None:
         key = (self.name, current_owner())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-EventKind = Literal["acquired", "released", "renewed", "lost", "timeout"]
+EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ behind on the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import math
 import random
 
@@ -458,3 +460,118 @@ async def test_held_time_in_events_leaves_out_the_wait(harness: Harness) -> None
     released = next(event for event in events if event.kind == "released")
     assert acquired.wait_s is not None and released.held_s is not None
     assert released.held_s < acquired.wait_s, (released.held_s, acquired.wait_s)
+
+
+async def free_now(locks: asynclock.Locks, name: str) -> None:
+    """Take and give back ``name``, which must be free on the server (or become free
+    within a hand-over), not only after a holder's ttl."""
+    await locks.lock(name).acquire(timeout=TTL / 2)
+    await locks.lock(name).release()
+
+
+async def test_a_hold_whose_owner_task_ended_is_abandoned_and_released_at_once(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task that ends still holding (returns, raises, is cancelled) does not
+    keep the lock renewed for ever: the hold is released on the server at once,
+    with a WARNING naming the lock and the task, and an "abandoned" event."""
+    events: list[asynclock.LockEvent] = []
+    locks = harness.connect(ttl=TTL, on_event=events.append)
+    other = harness.connect(ttl=TTL)
+    lock = locks.lock("abandoned")
+    holding = asyncio.Event()
+
+    async def returns() -> None:
+        await lock.acquire()
+
+    async def raises() -> None:
+        await lock.acquire()
+        await lock.acquire()  # both holds go
+        raise RuntimeError("the handler failed")
+
+    async def is_cancelled() -> None:
+        await lock.acquire()
+        holding.set()
+        await asyncio.sleep(3600)
+
+    for ending in (returns, raises, is_cancelled):
+        holding.clear()
+        task = asyncio.create_task(ending(), name=f"owner-{ending.__name__}")
+        if ending is is_cancelled:
+            await holding.wait()
+            task.cancel()
+        with contextlib.suppress(RuntimeError, asyncio.CancelledError):
+            await task
+        await free_now(other, "abandoned")  # the renewals would have kept it for ever
+    async with asyncio.timeout(scaled(5)):
+        while sum(event.kind == "abandoned" for event in events) < 3:
+            await asyncio.sleep(0.01)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "asynclock" and r.levelno == logging.WARNING]
+    for name in ("owner-returns", "owner-raises", "owner-is_cancelled"):
+        assert any("'abandoned'" in text and name in text for text in warnings), warnings
+    assert all(event.name == "abandoned" for event in events if event.kind == "abandoned")
+    assert not lock.held
+
+
+async def test_lease_release_from_another_task_cancels_the_holders_body(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    other = harness.connect(ttl=TTL)
+    lock = locks.lock("handed")
+    holding = asyncio.Event()
+    leases: list[asynclock.Lease] = []
+
+    async def body() -> None:
+        async with lock as lease:
+            await lock.acquire()  # every hold goes with the lease
+            leases.append(lease)
+            holding.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(body())
+    await holding.wait()
+    await leases[0].release()
+    with pytest.raises(LockLost, match=r"released by lease\.release"):
+        await task
+    with pytest.raises(NotHeld):
+        await leases[0].release()
+    await free_now(other, "handed")
+    # From inside its own block, the holder's task leaves quietly.
+    async with lock as lease:
+        await lease.release()
+        assert not lock.held
+    await free_now(other, "handed")
+
+
+async def test_detached_lease_belongs_to_no_task_and_lives_until_released(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    other = harness.connect(ttl=TTL)
+    lock = locks.lock("detached")
+    lease = await asyncio.create_task(lock.acquire(detached=True))  # that task ends at once
+    await asyncio.sleep(TTL * 1.2)  # renewed, not abandoned
+    assert not lease.lost
+    with pytest.raises(LockTimeout):
+        await other.lock("detached").acquire(timeout=0)
+    assert not lock.held  # no task holds it
+    with pytest.raises(NotHeld):
+        await lock.release()
+    with pytest.raises(LockTimeout):  # no re-entry: a second detached acquire waits like anyone
+        await lock.acquire(timeout=0, detached=True)
+    await lease.release()
+    await free_now(other, "detached")
+    with pytest.raises(TypeError):
+        await lock.acquire(detached=1)  # type: ignore[arg-type]
+
+
+async def test_a_closed_client_says_so(harness: Harness) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("closing")
+    lease = await lock.acquire()
+    await locks.aclose()
+    for make in (lambda: locks.lock("x"), lambda: locks.rw_lock("x"), lambda: locks.semaphore("x", permits=2)):
+        with pytest.raises(RuntimeError, match="client is closed"):
+            make()
+    for call in (lock.acquire, lock.release, lock.info):
+        with pytest.raises(RuntimeError, match="client is closed"):
+            await call()
+    with pytest.raises(NotHeld):
+        await lease.release()  # released by the close
