@@ -385,3 +385,24 @@ async def test_closing_the_client_ends_a_queued_fair_acquire(fair_harness: Harne
         await asyncio.wait_for(waiting, scaled(5))
     await queued(lock, 0)
     await lock.release()
+
+
+async def test_a_semaphore_asked_for_with_other_permits_is_refused(sem_harness: Harness) -> None:
+    """Clients that disagree on ``permits`` would each let their own number in:
+    the one that asks with another number than the users' gets ValueError naming
+    both, at once (not after waiting), holding and queueing nothing."""
+    if sem_harness.kind != "memory":
+        pytest.skip("checked on this backend in its own test file")
+    a = sem_harness.connect(ttl=TTL)
+    b = sem_harness.connect(ttl=TTL)
+    sem = a.semaphore("gpu", permits=3)
+    async with sem:
+        with pytest.raises(ValueError, match=r"permits=3.*permits=2"):
+            async with asyncio.timeout(scaled(5)):
+                await b.semaphore("gpu", permits=2).acquire()
+        info = await sem.info()
+        assert len(info.holders) == 1 and not info.waiters
+        async with a.semaphore("gpu", permits=3), b.semaphore("gpu", permits=3):
+            pass
+    async with b.semaphore("gpu", permits=2):  # nobody uses it any more: a new number is fine
+        pass

@@ -163,6 +163,15 @@ class _Request:
 class _Resource:
     holders: dict[str, _Holder]
     queue: list[_Request]
+    permits: int  # what the semaphore's first user asked for (1 for the other shapes)
+
+
+class _PermitsDiffer(Exception):
+    """A semaphore asked for with another ``permits`` than its current users'."""
+
+    def __init__(self, permits: int) -> None:
+        super().__init__(permits)
+        self.permits = permits
 
 
 class _QueueTable:
@@ -180,10 +189,10 @@ class _QueueTable:
         self._resources: dict[str, _Resource] = {}
         self._tokens = itertools.count(1)
 
-    def _resource(self, key: str) -> _Resource:
+    def _resource(self, key: str, permits: int) -> _Resource:
         res = self._resources.get(key)
         if res is None:
-            res = self._resources[key] = _Resource({}, [])
+            res = self._resources[key] = _Resource({}, [], permits)
         return res
 
     @staticmethod
@@ -211,9 +220,11 @@ class _QueueTable:
         """Take it now (the token), or queue ``req`` when ``wait`` (None: not granted yet)."""
         now = time.monotonic()
         with self._mutex:
-            res = self._resource(key)
+            res = self._resource(key, permits)
+            if res.permits != permits:
+                raise _PermitsDiffer(res.permits)
             self._grant(key, res, now, permits)
-            res = self._resource(key)
+            res = self._resource(key, permits)
             holder = res.holders.get(req.hold)
             if holder is not None:
                 holder.expires_at = now + req.ttl
@@ -450,7 +461,13 @@ class _MemoryQueued:
         key = self.lock_key(name)
         loop = asyncio.get_running_loop()
         req = _Request(hold, self._mode, ttl, loop, asyncio.Event())
-        token = _QUEUES.try_enter(key, req, self._permits, wait=timeout != 0)
+        try:
+            token = _QUEUES.try_enter(key, req, self._permits, wait=timeout != 0)
+        except _PermitsDiffer as exc:
+            raise ValueError(
+                f"semaphore {name!r} is in use with permits={exc.permits}, and this client asked for"
+                f" permits={self._permits}: every client of a semaphore must use the same number"
+            ) from None
         if token is not None:
             return Acquired(token)
         if timeout == 0:
