@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
 
 from ._connect import connect
+from ._errors import BackendUnavailable
 from ._locks import Lock, Locks
+from ._options import mask_url
 from ._values import LockInfo
 
 #: What ``--kind`` may name.
@@ -27,9 +31,27 @@ def handle(locks: Locks, kind: str, name: str) -> Lock:
     raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
 
 
-async def collect(url: str, names: Sequence[str], *, prefix: str | None = None, kind: str = "lock") -> list[LockInfo]:
-    """LockInfo for each name, or for every plain lock the backend can list under the prefix."""
-    async with connect(url, prefix=prefix) as locks:
+async def collect(
+    url: str, names: Sequence[str], *, prefix: str | None = None, kind: str = "lock", timeout: float = 5.0
+) -> list[LockInfo]:
+    """LockInfo for each name, or for every plain lock the backend can list under the prefix.
+
+    Raises BackendUnavailable if the server has not answered everything within ``timeout`` seconds.
+    """
+    locks = connect(url, prefix=prefix, connect_timeout=timeout)
+    try:
+        async with asyncio.timeout(timeout):
+            return await _collect(locks, names, kind)
+    except TimeoutError:
+        raise BackendUnavailable(f"{mask_url(url)} did not answer within {timeout:g} s") from None
+    finally:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout):
+                await locks.aclose()
+
+
+async def _collect(locks: Locks, names: Sequence[str], kind: str) -> list[LockInfo]:
+    async with locks:
         wanted = list(names)
         handle(locks, kind, "probe")  # refuses an unknown kind, or one the backend lacks, before any I/O
         if not wanted:
@@ -78,8 +100,8 @@ def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
-def snapshot(url: str, names: Sequence[str], *, prefix: str | None, json_output: bool, kind: str = "lock") -> str:
-    import asyncio
-
-    infos = asyncio.run(collect(url, names, prefix=prefix, kind=kind))
+def snapshot(
+    url: str, names: Sequence[str], *, prefix: str | None, json_output: bool, kind: str = "lock", timeout: float = 5.0
+) -> str:
+    infos = asyncio.run(collect(url, names, prefix=prefix, kind=kind, timeout=timeout))
     return as_json(infos) if json_output else as_table(infos)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Collection, Iterable
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 #: Default of the ``connect_timeout`` option, in seconds.
 DEFAULT_CONNECT_TIMEOUT = 5.0
 
 #: What a password is shown as.
 MASK = "***"
+
+#: Options every backend takes from ``connect()`` or the URL: part of each backend's valid set.
+COMMON_OPTIONS = frozenset({"ttl", "prefix", "connect_timeout"})
 
 
 def suggest(name: str, valid: Iterable[str]) -> str | None:
@@ -29,9 +32,11 @@ def suggest(name: str, valid: Iterable[str]) -> str | None:
 def reject_unknown(given: Iterable[str], valid: Collection[str], where: str) -> None:
     """Raise ValueError for the first name in ``given`` that is not in ``valid``.
 
+    The options every backend shares (``COMMON_OPTIONS``) are always valid.
     The message names the option, the closest valid one and every valid one,
     e.g. ``unknown option 'tll' for redis://: did you mean 'ttl'? (valid: …)``.
     """
+    valid = set(valid) | COMMON_OPTIONS
     for name in given:
         if name in valid:
             continue
@@ -108,6 +113,26 @@ def mask_text(text: str, secrets: Iterable[str | None]) -> str:
         if secret:
             text = text.replace(secret, MASK)
     return text
+
+
+def url_secrets(url: str) -> list[str]:
+    """The passwords written in ``url`` (userinfo, ``password=``-like parameters), as written and decoded."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found: list[str] = []
+    userinfo = parts.netloc.rpartition("@")[0]
+    if ":" in userinfo:
+        found.append(userinfo.partition(":")[2])
+    found += [value for key, value in parse_qsl(parts.query, keep_blank_values=True) if _secret(key)]
+    return [text for secret in found if secret for text in {secret, unquote(secret)}]
+
+
+def mask_secrets(text: str, url: str) -> str:
+    """``text`` with ``url`` masked and every password of ``url`` replaced by ``***``."""
+    longest_first = sorted(url_secrets(url), key=len, reverse=True)
+    return mask_text(text.replace(url, mask_url(url)), longest_first)
 
 
 def _secret(key: str) -> bool:

@@ -1,9 +1,10 @@
 """The ``asynclock`` command.
 
-``asynclock inspect URL [NAME ...] [--json]`` prints who holds which lock.
-``asynclock demo`` shows, as a live timeline, workers contending for one lock:
-handoffs, fencing tokens, watchdog renewals, a holder that dies and a lease
-taken away from its holder. Run ``asynclock demo --help`` for its options.
+``asynclock inspect URL [NAME ...] [--json] [--timeout S]`` prints who holds
+which lock. ``asynclock demo`` shows, as a live timeline, workers contending
+for one lock: handoffs, fencing tokens, watchdog renewals, a holder that dies
+and a lease taken away from its holder. ``asynclock --version`` prints the
+version. Run ``asynclock COMMAND --help`` for a command's options.
 """
 
 from __future__ import annotations
@@ -12,27 +13,54 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from . import __version__
+from ._options import mask_secrets
+
+#: The command the demo's worker processes run; not listed by ``--help``.
+_WORKER_COMMAND = "demo-worker"
 
 
-def _ttl(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or not 0.2 <= value <= 60:
-        raise argparse.ArgumentTypeError("the ttl must be between 0.2 and 60 seconds")
-    return value
+def _seconds_between(low: float, high: float, what: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a number of seconds, got {text!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{what} must be between {low:g} and {high:g} seconds, got {text}")
+        return value
+
+    return parse
 
 
 def _workers(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the number of workers must be a whole number, got {text!r}") from None
     if not 2 <= value <= 8:
-        raise argparse.ArgumentTypeError("between 2 and 8 workers")
+        raise argparse.ArgumentTypeError(f"the number of workers must be between 2 and 8, got {value}")
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with messages that name only what a user can type."""
+
+    def error(self, message: str) -> NoReturn:
+        # A missing URL makes argparse call the optional NAMEs required too.
+        message = message.replace("required: URL, NAME", "required: URL")
+        # An unknown command lists the public ones only.
+        message = message.replace(f", '{_WORKER_COMMAND}'", "")
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asynclock", description="asyncio-native distributed locks.")
-    # The metavar lists the public commands only; demo-worker is the demo's own helper.
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = _Parser(prog="asynclock", description="asyncio-native distributed locks.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 
     demo = commands.add_parser(
         "demo",
@@ -49,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="lock server to use, e.g. redis://127.0.0.1:6379/0 (default: a throwaway redis-server"
         " from PATH, else memory://)",
     )
-    demo.add_argument("--ttl", type=_ttl, default=2.0, help="lease time in seconds (default: 2)")
+    demo.add_argument(
+        "--ttl", type=_seconds_between(0.2, 60, "the ttl"), default=2.0, help="lease time in seconds (default: 2)"
+    )
     demo.add_argument("--workers", type=_workers, default=3, help="number of workers (default: 3)")
     demo.add_argument("--no-color", action="store_true", help="plain text even on a terminal")
 
@@ -61,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
             " list every lock held under the prefix (on backends that can list them)."
         ),
     )
-    inspect.add_argument("url", help="lock server URL, e.g. redis://127.0.0.1:6379/0")
+    inspect.add_argument("url", metavar="URL", help="lock server URL, e.g. redis://127.0.0.1:6379/0")
     inspect.add_argument("names", nargs="*", metavar="NAME", help="lock names (default: every held lock)")
     inspect.add_argument("--prefix", help="key prefix the application uses (default: asynclock)")
     inspect.add_argument("--json", action="store_true", help="JSON instead of a table")
@@ -71,8 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="lock",
         help="which primitive the names are (default: lock); HOLDER shows one holder and how many more",
     )
+    inspect.add_argument(
+        "--timeout",
+        type=_seconds_between(0.01, 3600, "the timeout"),
+        default=5.0,
+        help="give up (exit status 1) if the server has not answered within this many seconds (default: 5)",
+    )
 
-    worker = commands.add_parser("demo-worker")
+    # Without help=, argparse leaves it out of the command list.
+    worker = commands.add_parser(_WORKER_COMMAND)
     worker.add_argument("--url", required=True)
     worker.add_argument("--prefix", required=True)
     worker.add_argument("--ttl", type=float, required=True)
@@ -94,12 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._inspect import snapshot
 
         try:
-            print(snapshot(args.url, args.names, prefix=args.prefix, json_output=args.json, kind=args.kind))
+            table = snapshot(
+                args.url, args.names, prefix=args.prefix, json_output=args.json, kind=args.kind, timeout=args.timeout
+            )
         except (LockError, ValueError, TypeError, OSError, NotImplementedError) as exc:
-            print(f"asynclock inspect: {exc}", file=sys.stderr)
+            print(f"asynclock inspect: {mask_secrets(str(exc), args.url)}", file=sys.stderr)
             return 1
+        print(table)
         return 0
-    if args.command == "demo-worker":
+    if args.command == _WORKER_COMMAND:
         from ._demo import run_worker_process
 
         return run_worker_process(args.id, args.url, prefix=args.prefix, ttl=args.ttl, seed=args.seed)
