@@ -1,5 +1,6 @@
 """asynclock: asyncio-native distributed locks that cancel the holder when the lease is lost."""
 
+from ._client import Locks as Locks
 from ._connect import connect as connect
 from ._errors import BackendUnavailable as BackendUnavailable
 from ._errors import ConfigurationError as ConfigurationError
@@ -8,14 +9,14 @@ from ._errors import LockLost as LockLost
 from ._errors import LockTimeout as LockTimeout
 from ._errors import NotHeld as NotHeld
 from ._lease import Lease as Lease
-from ._locks import Lock as Lock
-from ._locks import Locks as Locks
-from ._locks import ReadLock as ReadLock
-from ._locks import RWLock as RWLock
-from ._locks import Semaphore as Semaphore
-from ._locks import WriteLock as WriteLock
+from ._lock import Lock as Lock
+from ._lock import ReadLock as ReadLock
+from ._lock import RWLock as RWLock
+from ._lock import Semaphore as Semaphore
+from ._lock import WriteLock as WriteLock
 from ._values import LockEvent as LockEvent
 from ._values import LockInfo as LockInfo
+from ._values import LossReason as LossReason
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "LockLost",
     "LockTimeout",
     "Locks",
+    "LossReason",
     "NotHeld",
     "RWLock",
     "ReadLock",

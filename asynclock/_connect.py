@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._locks import EventCallback, Locks
+from ._client import EventCallback, Locks
+from ._legacy import LegacyBackend as Backend
 from ._options import DEFAULT_CONNECT_TIMEOUT, seconds, take_query
 from ._validate import check_ttl
-from .abc import Backend
 
 #: Options that asynclock reads from a URL's query string for every backend.
 _OWN_OPTIONS = {"ttl", "prefix", "connect_timeout"}

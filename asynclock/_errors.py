@@ -64,3 +64,11 @@ class ConfigurationError(LockError):
     forever too); a waiter never retries it. The message names the server's
     address (never a password) and quotes the server's own words.
     """
+
+
+def unavailable(exc: BaseException) -> LockError:
+    """``exc`` as a caller sees it: a ConfigurationError or BackendUnavailable as it is, anything else
+    (a timeout, a socket error) as BackendUnavailable."""
+    if isinstance(exc, (BackendUnavailable, ConfigurationError)):
+        return exc
+    return BackendUnavailable(f"lock server did not answer in time: {exc!r}")

@@ -8,9 +8,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from ._client import Locks
 from ._connect import connect
 from ._errors import BackendUnavailable
-from ._locks import Lock, Locks
+from ._lock import Lock
 from ._options import mask_url
 from ._values import LockInfo
 

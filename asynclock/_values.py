@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Literal
 
 EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned"]
+
+
+class LossReason(enum.StrEnum):
+    """Why a lease was lost, in a word (``LockEvent.loss``, ``LockLost.loss``); the text says more."""
+
+    #: The server no longer has the hold: it expired there, or somebody took or deleted it.
+    TAKEN_OR_EXPIRED = "taken_or_expired"
+    #: The trusted deadline passed without a successful renewal.
+    RENEWAL_FAILED = "renewal_failed"
+    #: The session or connection that carried the hold ended.
+    CONNECTION_LOST = "connection_lost"
+    #: The client was closed while the lock was held.
+    CLIENT_CLOSED = "client_closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +52,12 @@ class LockInfo:
 
 @dataclass(frozen=True, slots=True)
 class LockEvent:
-    """One thing that happened to a lock of this client, passed to ``on_event``."""
+    """One thing that happened to a lock of this client, passed to ``on_event``.
+
+    ``wait_s`` is set for ``acquired`` and ``timeout``, ``held_s`` for
+    ``released``, ``lost`` and ``abandoned``; ``reason`` (text) and ``loss``
+    (a :class:`LossReason`) for ``lost``.
+    """
 
     kind: EventKind
     name: str
@@ -47,3 +66,4 @@ class LockEvent:
     wait_s: float | None = None
     held_s: float | None = None
     reason: str | None = None
+    loss: LossReason | None = None

@@ -1,90 +1,111 @@
 """The backend protocol, for people who write a backend.
 
-A backend is a thin adapter. Everything that is the same for all backends
-(owner identity, reentrancy bookkeeping, waiting with a timeout, cancel-safe
-acquire, the lease watchdog, cancel-on-loss) lives in the front
-(``asynclock._locks``) and in the one ``LeaseKeeper`` per client. A backend
-only answers requests:
+A backend answers single requests; everything else is written once in the
+front: owner identity and re-entry, waiting with a deadline, retries with
+backoff, give-back of an acquire cut short, the lease watchdog, loss →
+cancellation. A request names what it is about with a :class:`LockRef`: the
+kind of primitive, its name, and (semaphore) its permits.
 
-* ``try_acquire`` once, without waiting, for one *hold id* (a string unique to
-  this acquisition). It must be idempotent for the same hold id: a retry
-  after an ambiguous failure returns ``Acquired`` again if the first attempt
-  went through. ``Busy.retry_after`` is how long the current holder's lease
-  has left, the longest a waiter may sleep without a wake-up.
-* Backends whose server queues waiters itself (ZooKeeper's sequential nodes,
-  PostgreSQL's lock queue) set ``queues_waiters = True`` and implement
-  ``wait_acquire`` instead of the try-and-notify pair: it waits in the
-  server's queue until held (``Acquired``) or ``timeout`` (``None``). When the
-  front cancels it, it must leave the queue (delete its node, cancel the
-  server-side wait) before it returns; should it have got the lock anyway it
-  returns ``Acquired`` and the front releases it.
+Acquiring:
+
+* ``try_acquire(ref, hold, ttl, enqueue=...)`` makes one request for the hold
+  id ``hold`` (unique to this acquisition) and answers
+  :class:`Acquired` (held now), :class:`Busy` (somebody else holds it; not
+  queued) or, when ``enqueue`` is true and the server keeps a queue,
+  :class:`Queued` (this hold waits in the server's queue). It must be
+  idempotent for the same hold id: a retry after an ambiguous failure answers
+  ``Acquired`` again if the first attempt went through.
+* ``wait_queued(ref, hold, ttl, until)`` (queueing backends) waits for a
+  queued hold to be granted, at most until the loop time ``until`` (None: no
+  limit), and answers ``Acquired`` or ``Queued`` (still waiting; the front
+  calls again). It runs in the caller's task: when that task is cancelled the
+  front releases the hold by identity afterwards, so the backend only has to
+  leave nothing running.
+* Backends that answer ``Busy`` implement :class:`Notifies`: the front
+  subscribes to release notifications for the name before it waits, and the
+  backend calls ``hooks.wake_one(name)`` when one arrives (``wake_all()``
+  after it may have missed some).
+
+Holding and releasing:
+
+* ``release(ref, hold)`` gives up ``hold`` completely, only if it still holds
+  it, and takes a queued hold out of the queue; True only if a hold was
+  released. It is how the front gives back an acquire cut short, so it must
+  accept a hold id the server never saw.
+* ``renew(items)`` extends many holds in as few round trips as it can.
 * ``set_count`` records the hold count of a held lock (re-entry and inner
-  releases); it must not create a lock that is not held.
-* ``release`` gives up a hold completely, only if ``hold`` still holds it.
-* ``renew`` extends many holds in as few round trips as it can.
-* ``subscribe`` / ``unsubscribe`` manage release notifications for a name. When
-  a release notification arrives the backend calls ``hub.wake_one(name)``;
-  after it may have missed notifications (reconnect) it calls
-  ``hub.wake_all()``.
+  releases) for ``info``; it must not create a lock that is not held.
 * ``lease_time(ttl)`` is how long after a successful request was *sent* the
   server guarantees nobody else can get the lock.
+* ``hooks.lose(holds, reason)`` tells the client that holds are lost now
+  (a session expired, a connection closed).
 
-More primitives than the plain lock (a fair lock, the two sides of a
-read-write lock, a semaphore) are served by *adapters*: ``primitive(shape)``
-returns an object with the same request methods as a backend (it is one,
-for the front), speaking its own layout on the same connections. A handle of
-each shape has its own keys, so a plain lock and a semaphore of the same name
-are different things. The client calls ``start`` on an adapter (with hooks of
-its own, so its wake-ups never reach waiters of another shape) before its
-first request, and ``aclose`` on it before the backend's. Hold ids are unique
-per client across every shape, so ``hooks.lose`` needs no shape. A backend
-that lacks a shape raises ``NotImplementedError`` from ``primitive``, which
-the front calls without I/O when the handle is made.
+``check_kind(kind)`` raises ``NotImplementedError`` (see :func:`unsupported`)
+for a primitive the backend lacks; the front calls it without I/O when a
+handle is made. Each kind has its own keys, so a plain lock and a semaphore
+of the same name are different things (except where ``lock_key`` says two
+kinds are one lock, as the fair lock is the plain lock where that is FIFO).
 
 Every method translates its client library's errors into
-``BackendUnavailable`` (or ``LockError``) at its edge.
+``BackendUnavailable``, ``ConfigurationError`` or ``LockError`` at its edge.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
-from ._values import LockInfo
+from ._values import LockInfo, LossReason
 
-__all__ = ["LOCK", "Acquired", "Backend", "BackendHooks", "Busy", "RenewItem", "Shape", "ShapeKind", "unsupported"]
+__all__ = [
+    "Acquired",
+    "Backend",
+    "BackendHooks",
+    "Busy",
+    "Kind",
+    "Listable",
+    "LockRef",
+    "Notifies",
+    "Queued",
+    "RenewItem",
+    "unsupported",
+]
 
-#: ``"lock"`` is the plain lock (the backend itself); ``"read"`` and ``"write"``
-#: are the two sides of one read-write lock.
-ShapeKind = Literal["lock", "fair", "read", "write", "semaphore"]
+#: The primitive a request is about. ``"lock"`` is the plain lock; ``"read"``
+#: and ``"write"`` are the two sides of one read-write lock.
+Kind = Literal["lock", "fair", "read", "write", "semaphore"]
 
 
 @dataclass(frozen=True, slots=True)
-class Shape:
-    """Which primitive a handle is: its kind, and for a semaphore how many may hold it.
+class LockRef:
+    """What a request is about: the primitive's kind, its name, and for a semaphore the permits.
 
-    Semantics every adapter keeps (the contract suite checks them):
+    Semantics every backend keeps (the contract suite checks them):
 
     * ``fair``: holds are granted in the order the acquires reached the
       server; an acquire never takes the lock while older waiters are queued
-      (not even ``timeout=0``); a release wakes only the head waiter. Such an
-      adapter queues waiters (``queues_waiters = True``).
+      (not even ``timeout=0``); a release wakes only the head waiter.
     * ``read`` / ``write`` of one name: any number of read holds or one write
       hold. A waiting writer keeps new readers out (no writer starvation).
-      Both sides share one fencing counter, so a write's token is above every
-      token handed out before it.
+      Both sides share one fencing counter.
     * ``semaphore``: at most ``permits`` holds at once; each hold has its own
-      fencing token and its own expiry, so a dead holder's permit comes back
-      after its ttl.
+      fencing token and its own expiry. Clients that ask for one name with
+      different ``permits`` are refused with ``ValueError``.
     """
 
-    kind: ShapeKind = "lock"
+    kind: Kind
+    name: str
     permits: int = 1
 
-
-#: The plain lock: served by the backend object itself.
-LOCK = Shape()
+    @property
+    def mode(self) -> Literal["x", "r", "s"]:
+        """The request's mode on the server: exclusive, shared (read), or one of N."""
+        if self.kind == "read":
+            return "r"
+        if self.kind == "semaphore":
+            return "s"
+        return "x"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +113,10 @@ class Acquired:
     """The lock is held; ``token`` is its fencing token or None.
 
     ``confirmed_at``: the ``loop.time()`` at which the request that proves the
-    hold (for ZooKeeper the last acknowledged request of the session, for
-    PostgreSQL the grant on the lease's connection) was *sent*; the lease's
-    trusted deadline counts from it. None means the acquire request's own send
-    time, measured by the front.
+    hold (for ZooKeeper the last acknowledged request of the session, for a
+    hand-over the last request the server answered "still queued") was
+    *sent*; the lease's trusted deadline counts from it. None means the
+    acquire request's own send time, measured by the front.
     """
 
     token: int | None
@@ -104,64 +125,96 @@ class Acquired:
 
 @dataclass(frozen=True, slots=True)
 class Busy:
-    """Somebody else holds it; ``retry_after`` seconds is its remaining lease (None: unknown)."""
+    """Somebody else holds it and this hold is not queued.
+
+    ``retry_after`` seconds is the holder's remaining lease (None: unknown),
+    the longest a waiter may sleep without a release notification.
+    """
 
     retry_after: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """This hold waits in the server's queue; the front calls ``wait_queued``.
+
+    ``poll_after``: seconds after which the backend wants to be asked again
+    (Redis keeps a queue entry alive by the waiter's polls); None: the entry
+    lives as long as the session or connection, no polling needed.
+    """
+
+    poll_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class RenewItem:
     """One hold that the watchdog wants renewed."""
 
-    name: str
+    ref: LockRef
     hold: str
     ttl: float
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
 
 
 class BackendHooks(Protocol):
     """What the client gives a backend so it can push news in."""
 
     def wake_one(self, name: str) -> None:
-        """A release notification for ``name`` arrived: wake one local waiter."""
+        """A release notification for the plain lock ``name`` arrived: wake one local waiter."""
 
     def wake_all(self) -> None:
-        """Notifications may have been missed: wake every local waiter to retry."""
+        """Notifications may have been missed: wake every local waiter to try again."""
 
-    def lose(self, holds: Sequence[str] | None, reason: str) -> None:
+    def lose(self, holds: Sequence[str] | None, reason: str, loss: LossReason = LossReason.CONNECTION_LOST) -> None:
         """These holds (None: every hold of this client) are lost, now."""
 
 
 class Backend(Protocol):
-    """The handful of primitives every backend implements."""
+    """The requests every backend answers."""
 
     #: URL scheme family, e.g. ``"redis"``; shown in ``repr`` and logs.
     kind: str
-    #: True if the server queues waiters itself: the front calls ``wait_acquire``.
-    queues_waiters: bool
 
-    async def start(self, hooks: BackendHooks) -> None:
-        """Connect (or check the connection) and start listener tasks."""
+    def check_kind(self, kind: Kind) -> None:
+        """Raise ``NotImplementedError`` if this backend lacks the primitive ``kind``; no I/O."""
 
-    def lock_key(self, name: str) -> str:
-        """The backend's own name for the lock ``name`` (key, path, advisory key)."""
+    def lock_key(self, ref: LockRef) -> str:
+        """The backend's own name for the lock (key, path, advisory key)."""
 
     def lease_time(self, ttl: float) -> float:
         """Seconds after a request's send time during which the hold is guaranteed."""
 
-    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
-        """Take the lock for ``hold`` if free (or already held by ``hold``)."""
+    async def start(self, hooks: BackendHooks) -> None:
+        """Connect (or check the connection) and start listener tasks."""
 
-    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
-        """Queue-style backends only: wait in the server's queue; None on timeout."""
+    async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
+        """Take the lock for ``hold`` if free (or already held by ``hold``), else queue it if ``enqueue``."""
 
-    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
+    async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
+        """Wait for a queued ``hold`` to be granted, at most until the loop time ``until``."""
+
+    async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
         """Record ``count`` holds for ``hold``; False if ``hold`` no longer holds it."""
 
-    async def release(self, name: str, hold: str) -> bool:
-        """Release completely if ``hold`` holds it; False (and no change) otherwise."""
+    async def release(self, ref: LockRef, hold: str) -> bool:
+        """Release completely (or leave the queue) if ``hold`` holds it; False (and no change) otherwise."""
 
     async def renew(self, items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
         """Renew each item: True renewed, False not the holder any more, or the error."""
+
+    async def info(self, ref: LockRef) -> LockInfo:
+        """What the server knows about the lock."""
+
+    async def aclose(self) -> None:
+        """Stop listeners and close what the backend opened (not what it was given)."""
+
+
+@runtime_checkable
+class Notifies(Protocol):
+    """A backend that answers ``Busy`` and announces releases of the plain lock."""
 
     async def subscribe(self, name: str) -> None:
         """Start release notifications for ``name``; return once they are in effect."""
@@ -169,26 +222,24 @@ class Backend(Protocol):
     async def unsubscribe(self, name: str) -> None:
         """Stop release notifications for ``name``."""
 
-    async def info(self, name: str) -> LockInfo:
-        """What the server knows about ``name``."""
 
-    async def aclose(self) -> None:
-        """Stop listeners and close what the backend opened (not what it was given)."""
+@runtime_checkable
+class Listable(Protocol):
+    """A backend that can list the plain locks held under its prefix (``asynclock inspect``)."""
 
-    def primitive(self, shape: Shape) -> Backend:
-        """The adapter serving ``shape`` (``LOCK``: the backend itself), without I/O.
-
-        Raises ``NotImplementedError`` naming what the backend lacks.
-        """
+    async def names(self) -> list[str]:
+        """Names of the plain locks held now."""
 
 
-def unsupported(kind: str, shape: Shape, hint: str = "") -> NotImplementedError:
-    """The error ``primitive`` raises for a shape the backend ``kind`` does not serve."""
-    what = {
-        "fair": "a fair lock",
-        "read": "a read-write lock",
-        "write": "a read-write lock",
-        "semaphore": "a semaphore",
-        "lock": "a lock",
-    }[shape.kind]
-    return NotImplementedError(f"the {kind} backend does not provide {what}" + (f"; {hint}" if hint else ""))
+_WHAT = {
+    "fair": "a fair lock",
+    "read": "a read-write lock",
+    "write": "a read-write lock",
+    "semaphore": "a semaphore",
+    "lock": "a lock",
+}
+
+
+def unsupported(backend: str, kind: Kind, hint: str = "") -> NotImplementedError:
+    """The error ``check_kind`` raises for a primitive the backend ``backend`` does not serve."""
+    return NotImplementedError(f"the {backend} backend does not provide {_WHAT[kind]}" + (f"; {hint}" if hint else ""))

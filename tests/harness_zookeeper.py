@@ -6,7 +6,7 @@ from typing import Any
 
 from aiozk import protocol
 
-from asynclock.abc import Shape
+from asynclock._legacy import Shape
 from asynclock.backends._zk_session import NO_NODE, ZkError, ZkSession
 from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders, _rw_holders, _sequence
 from tests.harness import Harness

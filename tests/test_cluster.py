@@ -17,7 +17,7 @@ from redis.asyncio.cluster import ClusterNode
 
 import asynclock
 from asynclock import BackendUnavailable, LockTimeout
-from asynclock.abc import RenewItem
+from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.cluster import ClusterBackend
 from tests import test_contract as contract
 from tests.harness import Harness
@@ -114,7 +114,7 @@ async def test_renewals_are_one_script_call_per_slot(harness: ClusterHarness, cl
     leases = [await locks.lock(name).acquire() for name in names]
     slots = {backend.cluster.keyslot(backend.lock_key(name)) for name in names}
     assert len(slots) > 3, "the names should spread over several slots (and nodes)"
-    items = [RenewItem(lease.name, lease._hold, scaled(30)) for lease in leases]
+    items = [RenewItem(LockRef("lock", lease.name), lease._hold, scaled(30)) for lease in leases]
     assert await backend.renew(items) == [True] * len(items)  # loads the script on every node
     before = await script_calls(cluster)
     assert await backend.renew(items) == [True] * len(items)
@@ -163,7 +163,7 @@ async def test_a_slot_that_moves_during_a_hold(harness: ClusterHarness, cluster:
     await asyncio.to_thread(cluster.move_slot, slot, target)
     assert cluster.owner_of(slot) is target
     # the renewal meets MOVED and follows the slot; the hold moved with it
-    assert await backend.renew([RenewItem("moving", lease._hold, scaled(20))]) == [True]
+    assert await backend.renew([RenewItem(LockRef("lock", "moving"), lease._hold, scaled(20))]) == [True]
     new_node = aioredis.Redis(host="127.0.0.1", port=target.port)
     try:
         assert await new_node.exists(backend.lock_key("moving")) == 1

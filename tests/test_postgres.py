@@ -293,7 +293,7 @@ async def test_a_lease_won_after_a_long_wait_counts_from_the_grant(pg: PostgresH
     loop = asyncio.get_running_loop()
     lock = holder.lock("long")
     await lock.acquire()
-    task = asyncio.create_task(waiter.lock("long").acquire())
+    task = asyncio.create_task(waiter.lock("long").acquire(detached=True))  # outlives that task
     await queued(pg, "long", 1)
     await asyncio.sleep(TTL * 1.5)  # longer than the waiter's whole ttl
     await lock.release()

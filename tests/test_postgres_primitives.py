@@ -414,7 +414,7 @@ async def test_a_newcomer_does_not_take_a_permit_ahead_of_the_waiters(pg: Postgr
 async def test_info_lists_every_holder_of_a_semaphore_and_a_read_lock(pg: PostgresHarness) -> None:
     a, b = pg.connect(ttl=TTL), pg.connect(ttl=TTL)
     first = await a.semaphore("many", permits=3).acquire()
-    second = await asyncio.create_task(a.semaphore("many", permits=3).acquire())
+    second = await a.semaphore("many", permits=3).acquire(detached=True)  # another owner of the same client
     third = await b.semaphore("many", permits=3).acquire()
     info = await b.semaphore("many", permits=3).info()
     assert len(info.holders) == 3

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.abc import LOCK
+from asynclock.abc import LockRef
 from asynclock.backends.redis import RedisBackend, _ms
 from tests.harness import redis_backend
 from tests.servers import RedisServer, scaled
@@ -193,7 +193,7 @@ async def test_waiters_survive_a_server_restart(redis_fresh: RedisServer) -> Non
 
 async def test_only_one_local_waiter_is_woken_per_release(redis_server: RedisServer) -> None:
     async with asynclock.connect(redis_server.url, ttl=scaled(5), prefix="herd") as locks:
-        plain = locks._adapter(LOCK)
+        plain = locks._backend._adapter(LockRef("lock", ""))
         requests = 0
         original = plain._enter  # type: ignore[attr-defined]
 

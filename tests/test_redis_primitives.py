@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import LockTimeout
-from asynclock._lease import drift
+from asynclock._timing import drift
 from asynclock.backends._redis_primitives import RedisQueued
 from asynclock.backends.redis import RedisBackend, _ms
 from tests.child import ChildProcess, children
@@ -389,17 +389,17 @@ async def test_renewal_of_many_holds_is_one_script_call(fresh: RedisHarness, adm
     locks = fresh.connect(ttl=TTL)
     sem = locks.semaphore("many", permits=50)
     adapter_ = adapter(sem)
-    from asynclock.abc import RenewItem
+    from asynclock.abc import LockRef, RenewItem
 
     holds = []
     for i in range(20):
         hold = f"h{i}"
         token, _ = await adapter_._enter("many", hold, TTL, False, redis_backend(locks).handovers())
         assert token > 0
-        holds.append(RenewItem("many", hold, TTL))
+        holds.append(RenewItem(LockRef("lock", "many"), hold, TTL))
     await adapter_.renew(holds)  # the script is loaded now
     await admin.config_resetstat()
-    results = await adapter_.renew([*holds, RenewItem("many", "nobody", TTL)])
+    results = await adapter_.renew([*holds, RenewItem(LockRef("lock", "many"), "nobody", TTL)])
     assert results == [True] * 20 + [False]
     assert (await commandstats(admin)).get("evalsha", 0) == 1
     info = await sem.info()

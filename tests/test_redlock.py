@@ -15,7 +15,7 @@ import pytest
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.abc import RenewItem
+from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.redlock import RedlockBackend, quorum
 from tests.harness_redlock import RedlockHarness, redlock_backend
 from tests.servers import scaled
@@ -183,7 +183,11 @@ async def test_contenders_that_split_the_vote_back_off_and_one_wins(harness: Red
     clients = [harness.connect(ttl=TTL) for _ in range(6)]
     names = ["split"] * 6
     results = await asyncio.gather(
-        *(locks.lock(name).acquire(timeout=scaled(1)) for locks, name in zip(clients, names, strict=True)),
+        # detached: the leases outlive the tasks gather runs the acquires in
+        *(
+            locks.lock(name).acquire(timeout=scaled(1), detached=True)
+            for locks, name in zip(clients, names, strict=True)
+        ),
         return_exceptions=True,
     )
     # acquired one after another only if the holders release: here nobody
@@ -265,7 +269,7 @@ async def test_renewal_needs_a_majority_of_yes(harness: RedlockHarness, nodes: R
     locks = harness.connect(ttl=TTL)
     lease = await locks.lock("renew").acquire()
     backend = redlock_backend(locks)
-    item = RenewItem("renew", lease._hold, TTL)
+    item = RenewItem(LockRef("lock", "renew"), lease._hold, TTL)
     assert await backend.renew([item]) == [True]
     # two nodes lose the key: three of five still renew it
     for admin in harness.admins[:2]:
@@ -277,7 +281,7 @@ async def test_renewal_needs_a_majority_of_yes(harness: RedlockHarness, nodes: R
     await asyncio.wait_for(lease.wait_lost(), scaled(5))
     # two unreachable and two "not yours": undecided, an error the watchdog retries
     lease = await locks.lock("renew2").acquire()
-    item = RenewItem("renew2", lease._hold, TTL)
+    item = RenewItem(LockRef("lock", "renew2"), lease._hold, TTL)
     nodes[0].kill()
     nodes[1].kill()
     for admin in harness.admins[2:4]:

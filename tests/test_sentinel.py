@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.abc import LOCK, RenewItem
+from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.sentinel import SentinelBackend
 from tests import test_contract as contract
 from tests.harness import RedisHarness
@@ -225,7 +225,7 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
         finally:
             await admin.aclose()
 
-        item = RenewItem("ro", lease._hold, ttl)
+        item = RenewItem(LockRef("lock", "ro"), lease._hold, ttl)
         # the Sentinel client on a connection that still points at the demoted
         # primary: the renewal is lost, not a success, and the next request
         # follows the sentinels to the real primary
@@ -234,7 +234,9 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
         stale = pool.make_connection()  # type: ignore[no-untyped-call]
         await stale.connect_to(("127.0.0.1", old_port))
         pool._available_connections.append(stale)
-        assert await locks._adapter(LOCK).renew([item]) == [False]  # the plain lock's own renewal
+        assert await locks._backend._adapter(LockRef("lock", "")).renew([item]) == [
+            False
+        ]  # the plain lock's own renewal
         assert not stale.is_connected
         # an acquire there is "server unavailable" (retried), never a success
         stale = pool.make_connection()  # type: ignore[no-untyped-call]
@@ -245,7 +247,7 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
         # the next renewal asks the sentinels (which may need a moment to
         # agree on a healthy primary again): it lands on the new primary
         async with asyncio.timeout(scaled(10)):
-            while (answer := await locks._adapter(LOCK).renew([item])) != [True]:
+            while (answer := await locks._backend._adapter(LockRef("lock", "")).renew([item])) != [True]:
                 assert isinstance(answer[0], BackendUnavailable), answer
                 await asyncio.sleep(0.05)
         async with asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as other:

@@ -27,7 +27,7 @@ import pytest
 
 import asynclock
 from asynclock import LockTimeout
-from asynclock.abc import Shape
+from asynclock.abc import LockRef
 from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders
 from tests.harness_zookeeper import ZooKeeperHarness
 from tests.servers import scaled
@@ -105,7 +105,7 @@ async def test_fair_lock_is_the_plain_lock_on_the_same_path_with_its_own_adapter
     plain = locks.lock("same")
     assert fair.key == plain.key
     backend = backend_of(locks)
-    adapter = locks._adapter(Shape("fair"))
+    adapter = locks._backend._adapter(LockRef("fair", ""))
     assert adapter is not backend and adapter.lock_key("same") == backend.lock_key("same")
     lease = await fair.acquire()
     [node] = await (await zk.admin()).contenders(fair.key)

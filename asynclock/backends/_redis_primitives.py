@@ -47,8 +47,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendUnavailable, LockError
+from .._legacy import LegacyBackend as Backend
+from .._legacy import Shape
 from .._values import LockInfo
-from ..abc import Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
 from .redis import FENCE_LIFETIME_MS, _call, _is_readonly, _ms, _text
 
 if TYPE_CHECKING:

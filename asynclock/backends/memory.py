@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._legacy import LOCK, Shape
+from .._legacy import LegacyBackend as Backend
 from .._options import query_names, reject_unknown
 from .._values import LockInfo
-from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
 
 __all__ = ["MemoryBackend", "expire", "expire_all"]
 

@@ -117,9 +117,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the PostgreSQL backend needs asyncpg: pip install 'asynclock[postgres]'") from exc
 
 from .._errors import BackendUnavailable, LockError
+from .._legacy import LOCK, Shape
+from .._legacy import LegacyBackend as Backend
+from .._legacy import legacy_unsupported as unsupported
 from .._options import DEFAULT_CONNECT_TIMEOUT
 from .._values import LockInfo
-from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
 
 __all__ = ["PostgresBackend", "advisory_key", "gate_key", "name_check", "rw_key", "slot_key"]
 

@@ -33,9 +33,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
 from .._errors import BackendUnavailable, LockError
+from .._legacy import LOCK, Shape
+from .._legacy import LegacyBackend as Backend
+from .._legacy import legacy_unsupported as unsupported
 from .._options import DEFAULT_CONNECT_TIMEOUT
 from .._values import LockInfo
-from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
 from . import _redis_scripts as scripts
 
 if TYPE_CHECKING:

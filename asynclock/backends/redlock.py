@@ -58,10 +58,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redlock backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
 from .._errors import BackendUnavailable
-from .._lease import drift
+from .._legacy import LOCK, Shape
+from .._legacy import LegacyBackend as Backend
+from .._legacy import legacy_unsupported as unsupported
 from .._options import DEFAULT_CONNECT_TIMEOUT
-from .._values import LockInfo
-from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
+from .._timing import drift
+from .._values import LockInfo, LossReason
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
 from .redis import RedisBackend, _Listener
 
 __all__ = ["RedlockBackend"]
@@ -379,8 +382,8 @@ class _DelayedWake:
     def wake_all(self) -> None:
         self._hooks.wake_all()
 
-    def lose(self, holds: Sequence[str] | None, reason: str) -> None:
-        self._hooks.lose(holds, reason)
+    def lose(self, holds: Sequence[str] | None, reason: str, loss: LossReason = LossReason.CONNECTION_LOST) -> None:
+        self._hooks.lose(holds, reason, loss)
 
 
 class _ReleaseListener(_Listener):

@@ -64,8 +64,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
 from .._errors import LockError
+from .._legacy import LOCK, Shape
+from .._legacy import LegacyBackend as Backend
+from .._legacy import legacy_unsupported as unsupported
 from .._values import LockInfo
-from ..abc import LOCK, Acquired, Backend, BackendHooks, Busy, RenewItem, Shape, unsupported
+from ..abc import Acquired, BackendHooks, Busy, RenewItem
 from ._zk_session import (
     CONTAINER,
     EPHEMERAL,

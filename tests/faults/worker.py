@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import asynclock
-from asynclock.abc import LOCK
+from asynclock.abc import LockRef
 from tests.faults.store import FencedStore
 
 
@@ -182,7 +182,7 @@ class Worker:
             seen = f"info failed: {exc!r}"
         what = f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}; phase {stuck_in}"
         what += f"; meanwhile this client counted {meanwhile}"
-        if stuck_in != "release" and not locks._adapter(LOCK).queues_waiters:
+        if stuck_in != "release" and not locks._backend._adapter(LockRef("lock", "")).queues_waiters:
             # The plain lock is not fair here (Redis Cluster, Redlock, memory):
             # a waiter may lose every race for it.
             # The checker decides (from the others' sections meanwhile) whether

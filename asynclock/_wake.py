@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._errors import LockError
+from ._values import LossReason
 
 if TYPE_CHECKING:
-    from .abc import Backend
+    from .abc import Notifies
 
 logger = logging.getLogger("asynclock")
 
@@ -58,12 +59,22 @@ class _Entry:
 
 
 class WakeHub:
-    """Fans release notifications out to local waiters, one per notification."""
+    """Fans release notifications out to local waiters, one per notification.
 
-    def __init__(self, backend: Backend, background: set[asyncio.Task[None]]) -> None:
+    It is the ``hooks`` object a backend gets: ``wake_one``, ``wake_all``, and
+    ``lose``, which goes to the client's keeper.
+    """
+
+    def __init__(
+        self,
+        backend: Notifies | None,
+        background: set[asyncio.Task[Any]],
+        lose: Callable[[Sequence[str] | None, str, LossReason], None],
+    ) -> None:
         self._backend = backend
         self._entries: dict[str, _Entry] = {}
         self._background = background
+        self._lose = lose
 
     def wake_one(self, name: str) -> None:
         entry = self._entries.get(name)
@@ -79,8 +90,9 @@ class WakeHub:
             for waiter in entry.waiters:
                 waiter._event.set()
 
-    def lose(self, holds: Sequence[str] | None, reason: str) -> None:  # pragma: no cover - replaced by Locks
-        raise NotImplementedError
+    def lose(self, holds: Sequence[str] | None, reason: str, loss: LossReason = LossReason.CONNECTION_LOST) -> None:
+        """These holds (None: all of the client's) are lost, now."""
+        self._lose(holds, reason, loss)
 
     def subscribed(self, name: str) -> bool:
         """Whether release notifications for ``name`` are in effect right now."""
@@ -120,6 +132,7 @@ class WakeHub:
                 task.add_done_callback(self._background.discard)
 
     async def _subscribe(self, name: str) -> None:
+        assert self._backend is not None, "a backend that never answers Busy has no release notifications"
         try:
             await self._backend.subscribe(name)
         except (LockError, OSError) as exc:
@@ -132,7 +145,7 @@ class WakeHub:
         if entry.subscribed is not None and not entry.subscribed.done():
             with contextlib.suppress(BaseException):
                 await entry.subscribed
-        if name in self._entries:
+        if name in self._entries or self._backend is None:
             return  # a new waiter came; its entry subscribed again
         try:
             await self._backend.unsubscribe(name)

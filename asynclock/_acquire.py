@@ -1,0 +1,330 @@
+"""The acquisition engine: how every handle of every backend gets a new hold.
+
+One request at a time, each awaited in the caller's task:
+
+1. A first try (``try_acquire``), at once. ``Acquired``: done, no task and no
+   subscription on the way. ``Queued``: wait in the server's queue (step 3).
+2. ``Busy`` (a backend that announces releases): subscribe, try again, then
+   wait for a release notification or the holder's remaining lease, whichever
+   comes first, and try again.
+3. ``Queued``: ``wait_queued`` until granted, the caller's deadline, or the
+   backend's next poll; at the deadline, leave the queue and time out.
+
+Rules that hold at every step:
+
+* Each request is bounded: by the caller's deadline (never below one request
+  window, so the last try can still be answered) and by the lease time.
+* A request that fails to reach the server is retried with backoff, for at
+  least one request window even with ``timeout=0`` (which means "do not wait
+  for the holder", not "do not wait for the server"), and for at most a ttl
+  of failures when waiting for ever.
+* A request cut short (cancelled, or past its bound) may have gone through:
+  the hold is released by its identity, and a retry uses a new hold id, so
+  that release can never take a later try's hold.
+* A ConfigurationError is raised at once; nothing is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+from ._errors import BackendUnavailable, ConfigurationError, LockError, LockTimeout, unavailable
+from ._lease import Lease
+from ._release import release_by_identity, settle
+from ._timing import REQUEST_WINDOW, Backoff, request_window
+from .abc import Acquired, Busy, Queued
+
+if TYPE_CHECKING:
+    from ._lock import Lock
+
+__all__ = ["CLOSED", "acquire_new"]
+
+#: Why an acquire in progress ends when its client is closed.
+CLOSED = "the Locks client was closed while this acquire was in progress"
+
+
+class _HoldRetired(Exception):
+    """An attempt whose hold id is being rolled back: retry under a new id."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(repr(cause))
+        self.__cause__ = cause
+
+
+@dataclass(slots=True)
+class _InQueue:
+    """A try the server answered by queueing the hold; ``lease`` is the hold's, not yet held."""
+
+    queued: Queued
+    lease: Lease
+
+
+async def acquire_new(lock: Lock, owner: str, timeout: float | None) -> Lease:
+    """A new hold of ``lock`` for ``owner``, within ``timeout`` seconds (None: no limit)."""
+    locks = lock._locks
+    backend = locks._backend
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = None if timeout is None else started + timeout
+    window = request_window(backend.lease_time(lock.ttl))
+    server_deadline = None if deadline is None else max(deadline, started + window)
+    enqueue = timeout != 0
+    hold = locks._new_hold(owner)
+    hub = locks._hub
+    assert hub is not None
+    notifies = locks._notifies
+    result: Lease | Busy | _InQueue | BaseException | None = None
+    if not (notifies and hub.subscribed(lock.name)):
+        # An uncontended acquire is this one request, with no subscription.
+        # (When this client already listens for the name, registering first
+        # makes the very first try count as "after subscribing".)
+        result = await _attempt(lock, hold, owner, server_deadline, enqueue)
+        if isinstance(result, Lease):
+            return _got(lock, result, started)
+        if isinstance(result, _InQueue):
+            return await _wait_in_queue(lock, result, owner, deadline, started)
+        if isinstance(result, _HoldRetired):
+            hold = locks._new_hold(owner)
+        if isinstance(result, Busy) and deadline is not None and loop.time() >= deadline:
+            _give_up(lock, hold, owner, result, timeout, started)
+    backoff = Backoff()
+    failing_since: float | None = None
+    last_busy: Busy | None = result if isinstance(result, Busy) else None
+    watching = hub.watch(lock.name) if notifies else contextlib.nullcontext(None)
+    async with watching as waiter:
+        while True:
+            if waiter is not None:
+                waiter.clear()
+            if locks._closed:
+                raise BackendUnavailable(CLOSED)
+            result = await _attempt(lock, hold, owner, server_deadline, enqueue)
+            if isinstance(result, Lease):
+                return _got(lock, result, started)
+            if isinstance(result, _InQueue):
+                return await _wait_in_queue(lock, result, owner, deadline, started)
+            if isinstance(result, _HoldRetired):
+                hold = locks._new_hold(owner)
+            now = loop.time()
+            wait: float | None
+            if isinstance(result, Busy):
+                last_busy = result
+                if deadline is not None and now >= deadline:
+                    _give_up(lock, hold, owner, result, timeout, started)
+                failing_since = None
+                backoff.reset()
+                wait = None if deadline is None else deadline - now
+                if result.retry_after is not None:
+                    wait = result.retry_after if wait is None else min(wait, result.retry_after)
+                if waiter is None and wait is None:
+                    wait = window  # no notifications to wait for: look again after a request window
+            else:
+                # The server did not answer: back off, but never wait
+                # forever for a server that stays away.
+                failing_since = now if failing_since is None else failing_since
+                if deadline is not None and now >= deadline and last_busy is not None:
+                    # The server answered "taken" before; the time is up. This
+                    # try may have gone through unseen: give it back by identity.
+                    if not isinstance(result, _HoldRetired):  # (a retired one is rolled back)
+                        _probe_release(lock, hold, owner)
+                    _give_up(lock, hold, owner, last_busy, timeout, started)
+                if server_deadline is not None and now >= server_deadline:
+                    _give_up(lock, hold, owner, result, timeout, started)
+                if server_deadline is None and now - failing_since >= lock.ttl:
+                    _give_up(lock, hold, owner, result, timeout, started)
+                pause = backoff.next()
+                wait = pause if server_deadline is None else min(pause, server_deadline - now)
+            if waiter is not None:
+                await waiter.wait(wait)
+            else:
+                await asyncio.sleep(max(wait or 0.0, 0.0))
+
+
+def _new_lease(lock: Lock, owner: str, hold: str, sent: float) -> Lease:
+    locks = lock._locks
+    return Lease(
+        ref=lock._ref,
+        key=lock._key,
+        owner=owner,
+        hold=hold,
+        ttl=lock.ttl,
+        lease_time=locks._backend.lease_time(lock.ttl),
+        sent_at=sent,
+        on_lost=locks._lease_lost,
+        releaser=locks._release_lease,
+    )
+
+
+async def _attempt(
+    lock: Lock, hold: str, owner: str, deadline: float | None, enqueue: bool
+) -> Lease | Busy | _InQueue | BaseException:
+    """One try. Returns the new Lease, Busy, the queued hold, or the connection error to retry after."""
+    locks = lock._locks
+    backend = locks._backend
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    lease = _new_lease(lock, owner, hold, sent)
+    # Bound each request by the lease time (a later answer would be useless)
+    # and by the caller's deadline, but never below one request window, so
+    # that the last try before the deadline can still be answered.
+    bound = sent + lease._lease_time
+    if deadline is not None:
+        bound = min(bound, max(deadline, sent + request_window(lease._lease_time)))
+    # Cut short (cancelled, or past its bound), a try's outcome is unknown:
+    # release the hold by its identity, which is harmless if the try got
+    # nothing, and retry under a new hold id.
+    try:
+        async with asyncio.timeout_at(bound):
+            result = await backend.try_acquire(lock._ref, hold, lock.ttl, enqueue=enqueue)
+    except asyncio.CancelledError:
+        await settle(
+            locks._spawn,
+            release_by_identity(backend, lease, raise_errors=False),
+            request_window(lease._lease_time),
+        )
+        raise
+    except TimeoutError as exc:
+        locks._spawn(release_by_identity(backend, lease, raise_errors=False))
+        return _HoldRetired(exc)
+    except ConfigurationError:
+        raise  # no retry can fix it; the try got nothing
+    except (LockError, OSError) as exc:
+        return exc
+    if isinstance(result, Busy):
+        return result
+    if isinstance(result, Queued):
+        return _InQueue(result, lease)
+    return await _granted(lock, lease, result, acquired_at=sent)
+
+
+async def _granted(lock: Lock, lease: Lease, result: Acquired, *, acquired_at: float) -> Lease | _HoldRetired:
+    """Hold ``lease`` (the server granted it): from now on the keeper renews it."""
+    locks = lock._locks
+    loop = asyncio.get_running_loop()
+    lease.token = result.token
+    if locks._closed:
+        await _give_back_closed(lock, lease)
+    lease._acquired_at = acquired_at
+    if result.confirmed_at is not None:
+        lease._renewed(result.confirmed_at)
+    if loop.time() >= lease._expires_at:
+        # The answer came too late to be trusted; give it back.
+        locks._spawn(release_by_identity(locks._backend, lease, raise_errors=False))
+        return _HoldRetired(TimeoutError("the answer arrived after the lease time"))
+    keeper = locks._keeper
+    assert keeper is not None
+    keeper.add(lease)
+    locks._holds.setdefault(lock._key, {})[lease.owner] = lease
+    return lease
+
+
+async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float | None, started: float) -> Lease:
+    """Wait until the queued hold of ``inq`` is granted, or the deadline passes (then leave the queue)."""
+    locks = lock._locks
+    backend = locks._backend
+    lease = inq.lease
+    queued = inq.queued
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    window = request_window(lease._lease_time)
+    backoff = Backoff()
+    failing_since: float | None = None
+
+    def give_back() -> None:
+        locks._spawn(release_by_identity(backend, lease, raise_errors=False))
+
+    while True:
+        if locks._closed:
+            give_back()
+            locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
+            raise BackendUnavailable(CLOSED)
+        until = deadline
+        if queued.poll_after is not None:
+            poll = loop.time() + queued.poll_after
+            until = poll if until is None else min(until, poll)
+        locks._waits[task] = False
+        try:
+            result = await backend.wait_queued(lock._ref, lease._hold, lock.ttl, until)
+        except asyncio.CancelledError:
+            closed_by_client = locks._wait_ended(task)
+            # Out of the queue, and a grant that raced in is given back.
+            await settle(locks._spawn, release_by_identity(backend, lease, raise_errors=False), window)
+            if closed_by_client and task.uncancel() == 0:
+                locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
+                raise BackendUnavailable(CLOSED) from None
+            raise
+        except ConfigurationError:
+            locks._wait_ended(task)
+            give_back()
+            locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
+            raise
+        except (LockError, OSError, TimeoutError) as exc:
+            locks._wait_ended(task)
+            now = loop.time()
+            failing_since = now if failing_since is None else failing_since
+            final = not getattr(exc, "retryable", True)
+            if final or (deadline is not None and now >= deadline) or now - failing_since >= lease._lease_time:
+                # The server stays away: past a lease time of failures the queue entry
+                # is gone anyway; give back whatever it may still hold.
+                give_back()
+                locks._emit("timeout", lock.name, owner, None, wait_s=now - started)
+                raise unavailable(exc) from exc
+            pause = backoff.next()
+            await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
+            continue
+        locks._wait_ended(task)
+        failing_since = None
+        backoff.reset()
+        if isinstance(result, Acquired):
+            # Held from the grant, not from joining the queue.
+            got = await _granted(lock, lease, result, acquired_at=loop.time())
+            if isinstance(got, _HoldRetired):
+                locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
+                raise unavailable(TimeoutError("the grant arrived after the lease time had passed"))
+            return _got(lock, got, started)
+        queued = result
+        if deadline is not None and loop.time() >= deadline:
+            # Time is up: leave the queue (a grant that raced in is given back, to
+            # the next in line) before saying so.
+            await settle(locks._spawn, release_by_identity(backend, lease, raise_errors=False), window)
+            _give_up(lock, lease._hold, owner, Busy(None), deadline - started, started)
+
+
+def _give_up(
+    lock: Lock, hold: str, owner: str, last: Lease | Busy | BaseException, timeout: float | None, started: float
+) -> NoReturn:
+    locks = lock._locks
+    loop = asyncio.get_running_loop()
+    locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
+    if isinstance(last, _HoldRetired):
+        raise unavailable(last.__cause__ or last) from last.__cause__
+    if isinstance(last, BaseException):
+        # An earlier try may have gone through unseen: give it back by identity.
+        _probe_release(lock, hold, owner)
+        raise unavailable(last) from last
+    raise LockTimeout(lock.name, timeout)
+
+
+def _probe_release(lock: Lock, hold: str, owner: str) -> None:
+    """Release ``hold`` in the background, in case a try whose answer was lost got it."""
+    locks = lock._locks
+    probe = _new_lease(lock, owner, hold, asyncio.get_running_loop().time())
+    locks._spawn(release_by_identity(locks._backend, probe, raise_errors=False))
+
+
+def _got(lock: Lock, lease: Lease, started: float) -> Lease:
+    wait = asyncio.get_running_loop().time() - started
+    lock._locks._emit("acquired", lock.name, lease.owner, lease.token, wait_s=wait)
+    return lease
+
+
+async def _give_back_closed(lock: Lock, lease: Lease) -> NoReturn:
+    """An acquire answered after its client was closed: release it (bounded) and refuse."""
+    locks = lock._locks
+    give_up = asyncio.get_running_loop().time() + 2 * REQUEST_WINDOW
+    task = locks._spawn(release_by_identity(locks._backend, lease, raise_errors=False, give_up=give_up))
+    await asyncio.shield(task)
+    raise BackendUnavailable(CLOSED)

@@ -1,0 +1,79 @@
+"""Giving a hold back by its identity: after ``release()``, after a loss, and
+after an acquire that was cut short (its outcome unknown)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ConfigurationError, LockError, unavailable
+from ._timing import Backoff, request_window
+
+if TYPE_CHECKING:
+    from ._lease import Lease
+    from .abc import Backend
+
+__all__ = ["release_by_identity", "settle"]
+
+logger = logging.getLogger("asynclock")
+
+
+async def release_by_identity(
+    backend: Backend, lease: Lease, *, raise_errors: bool, give_up: float | None = None
+) -> bool:
+    """Release ``lease`` by its hold id, retrying failed requests; whether the server released it.
+
+    With ``raise_errors`` (an explicit ``release()``) it retries until the
+    lease's trusted deadline (at least one request window) and then raises
+    BackendUnavailable; otherwise (background clean-up) until the server must
+    have expired the hold by itself, and then gives up quietly. A
+    ConfigurationError is never retried.
+    """
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    if give_up is None:
+        if raise_errors:
+            give_up = max(lease._expires_at, now + request_window(lease._lease_time))
+        else:
+            # Past this time the server has expired the hold by itself.
+            give_up = max(lease._expires_at + 2 * lease._ttl, now + 0.05)
+    backoff = Backoff()
+    ambiguous = False
+    while True:
+        try:
+            async with asyncio.timeout_at(give_up):
+                released = await backend.release(lease._ref, lease._hold)
+        except (LockError, OSError, TimeoutError) as exc:
+            ambiguous = True
+            pause = backoff.next()
+            if isinstance(exc, ConfigurationError) or loop.time() + pause >= give_up:
+                if raise_errors:
+                    raise unavailable(exc) from exc
+                logger.info("could not release %r (%r); it expires by itself", lease.name, exc)
+                return False
+            await asyncio.sleep(pause)
+            continue
+        # After a failed attempt whose fate is unknown, "not the holder" may
+        # mean that attempt went through: the lock is free either way.
+        return released or (ambiguous and loop.time() < lease._expires_at)
+
+
+async def settle(
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]], cleanup: Coroutine[Any, Any, Any], within: float
+) -> None:
+    """Run ``cleanup`` in a task of its own and wait for it, through repeated
+    cancellations of the caller (anyio delivers a scope's again and again), for
+    at most ``within`` seconds; past that it goes on in the background, so a
+    cancellation is not held up for the several ttls a clean-up may take."""
+    task = spawn(cleanup)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + within
+    while not task.done():
+        left = give_up - loop.time()
+        if left <= 0:
+            return
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task}, timeout=left)
