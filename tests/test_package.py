@@ -118,6 +118,17 @@ def test_metadata_one_version_license_and_no_dev_tools(dist: Path) -> None:
     assert required & set(DEV_TOOLS) == set()
 
 
+def test_readme_links_and_images_work_on_a_package_index(dist: Path) -> None:
+    """The long description is the README; an index shows it away from the
+    repository, so a relative link or image would be broken there."""
+    with zipfile.ZipFile(_one(dist, "*.whl")) as archive:
+        text = archive.read(f"asynclock-{asynclock.__version__}.dist-info/METADATA").decode()
+    readme = Parser().parsestr(text).get_payload()
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme) + re.findall(r"<([a-z][a-z+.-]*:[^>\s]+)>", readme)
+    assert targets, "the README links to its documentation"
+    assert [target for target in targets if not target.startswith("https://")] == []
+
+
 def test_twine_check_strict_passes(dist: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "twine", "check", "--strict", *map(str, sorted(dist.iterdir()))],
