@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmarks: installs the servers (Debian packages, when root) and
-# the `benchmarks` extra into .venv if they are missing, then
+# requirements/benchmarks.txt into .venv if they are missing, then
 # `python -m benchmarks` with the given arguments (e.g. --quick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,7 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 if ! .venv/bin/python -c 'import asynclock, redis_lock, pottery, aiozk, kazoo, asyncpg, matplotlib' 2>/dev/null; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[benchmarks]'
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[redis,zookeeper,postgres]' \
+        -r requirements/benchmarks.txt
 fi
 exec .venv/bin/python -m benchmarks "$@"

@@ -6,12 +6,16 @@ Run it (the lock server is shared by every process that runs the app)::
 
 ``POST /jobs/{name}`` runs the job ``name`` while holding the lock
 ``job:{name}``: two requests for the same job, on any of the app's processes,
-run one after the other; the second one waits for the first.
+run one after the other; the second one waits for the first, for at most
+``wait`` seconds (default 10): then it gets a 503 with ``Retry-After``. A job
+whose lease is lost while it runs is cancelled and answered with a 503 that
+says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -44,14 +48,25 @@ async def build_report(name: str, fencing_token: int | None, seconds: float) -> 
 
 
 @app.post("/jobs/{name}")
-async def run_job(name: str, request: Request, seconds: float = 1.0) -> dict[str, Any]:
+async def run_job(name: str, request: Request, seconds: float = 1.0, wait: float = 10.0) -> dict[str, Any]:
     locks: asynclock.Locks = request.app.state.locks
     asked = time.monotonic()
+    waiting = asyncio.timeout(wait)
     try:
-        async with locks.lock(f"job:{name}") as lease:
+        async with waiting, locks.lock(f"job:{name}") as lease:
+            waiting.reschedule(None)  # held: the job may take as long as it needs
             waited = time.monotonic() - asked
             await build_report(name, lease.token, seconds)
+    except TimeoutError:
+        if not waiting.expired():
+            raise  # the job's own timeout, not the wait for the lock
+        # Another process has run this job for the whole wait: tell the client when to come back.
+        raise HTTPException(
+            status_code=503,
+            detail=f"job {name!r} is running elsewhere",
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        ) from None
     except asynclock.LockLost as exc:
         # The lease ran out under us: the job was cancelled, another worker may have it now.
-        raise HTTPException(status_code=503, detail=str(exc)) from exc
+        raise HTTPException(status_code=503, detail=f"job {name!r} stopped: {exc}") from exc
     return {"job": name, "token": lease.token, "waited_s": round(waited, 3)}

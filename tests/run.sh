@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine, installing what is missing:
 # the servers the tests start (Debian packages, when root), a virtualenv in
-# .venv with the package and its dev extras, then ruff, mypy and pytest.
+# .venv with the package, all its extras and requirements/dev.txt, then ruff,
+# mypy and pytest.
 # Extra arguments go to pytest (e.g. --run-slow for the torture tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all,examples]' -r requirements/dev.txt
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

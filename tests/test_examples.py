@@ -21,6 +21,7 @@ import httpx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+import asynclock
 from tests.servers import RedisServer, scaled
 
 pytestmark = pytest.mark.anyio
@@ -157,3 +158,35 @@ async def test_primitives_example_keeps_its_promises(backend: str, request: pyte
     assert at["catalog: writer done"] < at["catalog: reader 4 reads"], "a reader after the writer waits for it"
     assert log[-1] in ("gpu: at most 2 jobs ran at once", "gpu: at most 1 jobs ran at once")
     assert sum(line.startswith("gpu: job") for line in log) == 6
+
+
+@pytest.mark.parametrize("example", sorted(CLIENTS))
+async def test_a_job_busy_for_the_whole_wait_is_a_503_with_retry_after(
+    example: str, lock_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process runs the job: the request waits ``wait`` seconds, then
+    tells the client to come back instead of hanging on."""
+    module = load_example(example)
+    recorder = JobRecorder()
+    monkeypatch.setattr(module, "build_report", recorder)
+    async with asynclock.connect(lock_url) as other:
+        async with other.lock("job:nightly"):
+            if example == "fastapi_app":
+                app = module.app
+                transport = httpx.ASGITransport(app=app)
+                async with (
+                    app.router.lifespan_context(app),
+                    httpx.AsyncClient(transport=transport, base_url="http://app") as http,
+                ):
+                    async with asyncio.timeout(scaled(10)):
+                        response = await http.post("/jobs/nightly", params={"seconds": JOB_S, "wait": JOB_S})
+                status, headers, text = response.status_code, response.headers, response.text
+            else:
+                async with TestClient(TestServer(module.make_app(), host="127.0.0.1")) as client:
+                    async with asyncio.timeout(scaled(10)):
+                        reply = await client.post("/jobs/nightly", params={"seconds": str(JOB_S), "wait": str(JOB_S)})
+                        status, headers, text = reply.status, reply.headers, await reply.text()
+    assert status == 503, text
+    assert int(headers["Retry-After"]) >= 1
+    assert "nightly" in text
+    assert recorder.log == [], "the job did not run"

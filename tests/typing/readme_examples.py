@@ -1,8 +1,10 @@
-"""The README's examples, type-checked by mypy --strict (not run): a change
-to a public signature that breaks them fails the checks."""
+"""The README's example and the calls the documentation teaches, type-checked
+by mypy --strict (not run; tests/test_docs.py runs the blocks themselves): a
+change to a public signature that breaks them fails the checks."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import asynclock
@@ -49,3 +51,27 @@ def on_event(event: asynclock.LockEvent) -> None:
 
 def with_callback() -> asynclock.Locks:
     return asynclock.connect("memory://", on_event=on_event)
+
+
+async def detached_across_tasks() -> None:
+    async with asynclock.connect("memory://", connect_timeout=2.0) as locks:
+        lease: asynclock.Lease = await locks.lock("import:catalog").acquire(timeout=0, detached=True)
+        await lease.release()
+
+
+async def bounded_wait(locks: asynclock.Locks) -> int | None:
+    token: int | None = None
+    waiting = asyncio.timeout(5)
+    async with waiting:
+        async with locks.lock("report:daily") as lease:
+            waiting.reschedule(None)
+            token = lease.token
+    return token
+
+
+def classify(exc: Exception) -> str:
+    if isinstance(exc, asynclock.ConfigurationError):
+        return "fix the configuration"
+    if isinstance(exc, asynclock.BackendUnavailable):
+        return "retry later"
+    return "unknown"
