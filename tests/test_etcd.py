@@ -331,3 +331,29 @@ def test_etcdctl_is_installed() -> None:
         "etcdctl version"
         in subprocess.run([etcdctl_binary() or "etcdctl", "version"], capture_output=True, text=True, check=True).stdout
     )
+
+
+async def test_inspect_lists_and_describes_holders_and_waiters(harness: EtcdHarness, etcd_server: EtcdServer) -> None:
+    """What ``asynclock inspect etcd://…`` shows: asynclock's and etcdctl's holders, waiters, tokens."""
+    from asynclock._inspect import collect
+
+    holder, waiter = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    lock = holder.lock("seen/by inspect")
+    async with lock as lease:
+
+        async def wait_in_line() -> None:
+            async with waiter.lock("seen/by inspect"):
+                pass
+
+        queued = asyncio.create_task(wait_in_line())
+        await eventually(lambda: bool(waiter._queued), scaled(5), "the waiter queued")
+        async with asyncio.timeout(scaled(5)):
+            while (await lock.info()).waiters != 1:
+                await asyncio.sleep(0.01)
+        infos = await collect(harness.url, [], prefix=harness.prefix)
+        assert [info.name for info in infos] == ["seen/by inspect"]
+        (info,) = infos
+        assert info.key == lock.key and info.token == lease.token and info.waiters == 1
+        assert info.owner == f"{lock.key}/{backend(holder).lease_id:x}"  # seen from another client: the key
+        assert info.ttl is not None and 0 <= info.ttl <= TTL + 1
+    await asyncio.wait_for(queued, scaled(5))

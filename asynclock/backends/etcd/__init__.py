@@ -776,8 +776,9 @@ class EtcdBackend:
             ttl = max(0.0, self._confirmed_at + self.lease_time(self._ttl) - asyncio.get_running_loop().time())
         elif first.lease:
             with contextlib.suppress(LockError):
+                # whole seconds left, rounded down; -1 once expired
                 alive = await self._client.time_to_live(first.lease, timeout)
-                ttl = float(alive.ttl) if alive.ttl > 0 else None
+                ttl = float(alive.ttl) if alive.ttl >= 0 else None
         return LockInfo(
             name=name,
             key=key,

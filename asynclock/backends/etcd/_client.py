@@ -281,7 +281,7 @@ class EtcdClient:
                     await self._authenticate(endpoint, timeout, stale=self._token)
                     continue
                 raise self._translate(exc, endpoint) from exc
-            except (OSError, TimeoutError) as exc:
+            except Exception as exc:  # any other failure of grpc (a closed channel, …) is ours too
                 raise self._translate(exc, endpoint) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -409,7 +409,7 @@ class EtcdClient:
                 self._drop_keepalive()
                 if isinstance(exc, grpc.aio.AioRpcError) and self._token_expired(exc):
                     await self._authenticate(endpoint, max(0.001, deadline - loop.time()), stale=self._token)
-                if isinstance(exc, (grpc.aio.AioRpcError, OSError, TimeoutError)):
+                if isinstance(exc, Exception):
                     raise self._translate(exc, endpoint) from exc
                 raise
             if answer is grpc.aio.EOF:
@@ -457,7 +457,7 @@ class EtcdClient:
                     await self._watch_call.write(request)
             except BaseException as exc:
                 self._fail_watches(f"watch request failed: {exc!r}")
-                if isinstance(exc, (grpc.aio.AioRpcError, OSError, TimeoutError)):
+                if isinstance(exc, Exception):
                     raise self._translate(exc, endpoint) from exc
                 raise
         finally:
