@@ -19,7 +19,7 @@ from asynclock.backends.etcd import EtcdBackend
 from tests.harness import eventually
 from tests.harness_etcd import EtcdHarness
 from tests.servers import free_port, scaled
-from tests.servers.etcd import EtcdCluster, EtcdServer, etcdctl, etcdctl_binary
+from tests.servers.etcd import EtcdCluster, EtcdServer, TlsFiles, etcdctl, etcdctl_binary
 
 pytestmark = pytest.mark.anyio
 
@@ -322,6 +322,30 @@ async def test_refused_credentials_raise_configuration_error(etcd_auth: EtcdServ
             assert lease.token is not None
     out = etcdctl(etcd_auth.endpoint, "--user=root:s3cret", "get", "--prefix", "asynclock/", "--keys-only")
     assert out.strip() == ""
+
+
+@pytest.fixture
+def etcd_tls(tmp_path: Path) -> Iterator[EtcdServer]:
+    """An etcd that serves clients over TLS only, with a certificate of a test CA."""
+    server = EtcdServer(tls=TlsFiles(tmp_path / "tls"))
+    server.start()
+    yield server
+    server.cleanup()
+
+
+async def test_etcds_connects_with_the_ca_file_and_refuses_an_unknown_certificate(etcd_tls: EtcdServer) -> None:
+    assert etcd_tls.tls is not None
+    url = f"{etcd_tls.url}?ca_file={etcd_tls.tls.ca}"
+    async with asynclock.connect(url, ttl=TTL) as locks:
+        async with locks.lock("over-tls") as lease:
+            assert lease.token is not None
+    # the system's roots do not know the test CA: no retry can fix that
+    with pytest.raises(ConfigurationError, match="TLS"):
+        async with asynclock.connect(etcd_tls.url, ttl=TTL, connect_timeout=2):
+            pass
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        async with asynclock.connect(f"{etcd_tls.url}?ca_file={etcd_tls.tls.ca}.missing", ttl=TTL):
+            pass
 
 
 def test_etcdctl_is_installed() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import tempfile
 import time
@@ -57,6 +58,7 @@ class EtcdServer(ServerProcess):
         token: str | None = None,
         workdir: Path | None = None,
         extra: Sequence[str] = (),
+        tls: TlsFiles | None = None,
     ) -> None:
         binary = etcd_binary()
         if binary is None:
@@ -72,6 +74,8 @@ class EtcdServer(ServerProcess):
         self.token = token or f"asynclock-{os.getpid()}-{self.port}"
         self.data_dir = self.workdir / "data"
         self.extra = list(extra)
+        #: serve clients over TLS with these certificates (``etcds://``)
+        self.tls = tls
 
     @property
     def hostport(self) -> str:
@@ -79,11 +83,11 @@ class EtcdServer(ServerProcess):
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.hostport}"
+        return f"{'https' if self.tls else 'http'}://{self.hostport}"
 
     @property
     def url(self) -> str:
-        return f"etcd://{self.hostport}"
+        return f"{'etcds' if self.tls else 'etcd'}://{self.hostport}"
 
     def command(self) -> Sequence[str]:
         peers = ",".join(f"{name}=http://127.0.0.1:{port}" for name, port in self.cluster.items())
@@ -104,6 +108,7 @@ class EtcdServer(ServerProcess):
             "--listen-metrics-urls=",
             "--logger=zap",
             "--log-level=warn",
+            *([f"--cert-file={self.tls.cert}", f"--key-file={self.tls.key}"] if self.tls is not None else []),
             *self.extra,
         ]
 
@@ -115,8 +120,9 @@ class EtcdServer(ServerProcess):
 
     def health(self, timeout: float = 0.5) -> dict[str, object] | None:
         """The member's ``/health`` answer, or None when it does not answer."""
+        context = ssl.create_default_context(cafile=str(self.tls.ca)) if self.tls is not None else None
         try:
-            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=timeout) as answer:
+            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=timeout, context=context) as answer:
                 return dict(json.loads(answer.read()))
         except (OSError, ValueError, urllib.error.URLError):
             return None
@@ -148,6 +154,30 @@ class EtcdServer(ServerProcess):
             return None
         status = json.loads(out)[0]["Status"]
         return bool(status["header"]["member_id"] == status["leader"])
+
+
+class TlsFiles:
+    """A CA and a server certificate for 127.0.0.1 made with ``openssl`` in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.ca = directory / "ca.pem"
+        self.cert = directory / "server.pem"
+        self.key = directory / "server-key.pem"
+        ca_key = directory / "ca-key.pem"
+        request = directory / "server.csr"
+        extensions = directory / "server.ext"
+        extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=asynclock test CA",
+                "-keyout", str(ca_key), "-out", str(self.ca))  # fmt: skip
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                "-keyout", str(self.key), "-out", str(request))  # fmt: skip
+        openssl("x509", "-req", "-in", str(request), "-CA", str(self.ca), "-CAkey", str(ca_key),
+                "-CAcreateserial", "-days", "2", "-extfile", str(extensions), "-out", str(self.cert))  # fmt: skip
 
 
 def etcdctl(endpoints: str, *args: str, timeout: float = 30.0, env: dict[str, str] | None = None) -> str:
