@@ -92,6 +92,35 @@ async def test_the_lock_is_the_mutex_key_of_the_clients_lease(harness: EtcdHarne
     assert await (await harness.admin()).keys(lock.key + "/") == []
 
 
+async def test_tasks_of_one_client_take_turns_for_its_one_key(harness: EtcdHarness) -> None:
+    """Go's Mutex has one key per lease: a second task of the client waits in the
+    client, not as a second key, and its turn puts the key anew (a higher token)."""
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("turns")
+    admin = await harness.admin()
+    first = await lock.acquire()
+    got: list[int | None] = []
+
+    async def second() -> None:
+        async with lock as lease:
+            got.append(lease.token)
+
+    task = asyncio.create_task(second())
+    await asyncio.sleep(0.1)
+    assert not got
+    assert len(await admin.keys(lock.key + "/")) == 1
+    assert (await lock.info()).waiters == 1  # counted in the client
+    await lock.release()
+    await asyncio.wait_for(task, scaled(5))
+    assert first.token is not None and got[0] is not None and got[0] > first.token
+
+
+async def test_a_lock_ttl_past_the_clients_lease_is_refused(harness: EtcdHarness) -> None:
+    locks = harness.connect(ttl=TTL)
+    with pytest.raises(ValueError, match="client's ttl"):
+        await locks.lock("long", ttl=10 * TTL).acquire()
+
+
 def test_url_path_and_prefix_make_the_mutex_prefix() -> None:
     with_path = EtcdBackend.from_url("etcds://u:secret@a:1,b:2/app/locks", prefix="svc")
     assert with_path.lock_key("x") == "/app/locks/svc/x"
