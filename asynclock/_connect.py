@@ -35,6 +35,8 @@ def connect(
     ``redis+cluster://h1:p1,h2:p2``        Redis Cluster (also a ``RedisCluster`` instance)
     ``zk://h1:p1,h2:p2/optional/chroot``   a ZooKeeper ensemble; the lease is the session
                                            (``?session_timeout=``, default the ``ttl``)
+    ``etcd://h1:p1,h2:p2/optional/path``   an etcd cluster (``etcds://`` for TLS); etcd's Mutex
+                                           recipe, one etcd lease per client
     =====================================  ===============================
 
     ``ttl`` (seconds, default 30) is the lease time the watchdog keeps renewing;
@@ -100,6 +102,12 @@ def _from_url(
         # the lease is the session: its timeout defaults to the client's ttl
         session_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl", 30.0)
         return ZooKeeperBackend.from_url(rest, ttl=session_ttl, **common, **options), url_opts
+    if scheme in ("etcd", "etcds"):
+        from .backends.etcd import EtcdBackend
+
+        # one etcd lease per client, whose TTL is the client's ttl
+        lease_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl", 30.0)
+        return EtcdBackend.from_url(rest, ttl=lease_ttl, **common, **options), url_opts
     if scheme == "redlock":
         from .backends.redlock import RedlockBackend
 
@@ -114,7 +122,7 @@ def _from_url(
         return ClusterBackend.from_url(rest, **common, **options), url_opts
     known = (
         "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://,"
-        " redlock://, redis+sentinel://, redis+cluster://"
+        " etcd://, etcds://, redlock://, redis+sentinel://, redis+cluster://"
     )
     raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
 

@@ -15,11 +15,12 @@ import pytest
 
 from tests.harness import Harness, MemoryHarness, RedisHarness
 from tests.servers import RedisServer
+from tests.servers.etcd import EtcdServer
 from tests.servers.postgres import PostgresServer
 from tests.servers.redis_topologies import RedisNodes
 from tests.servers.zookeeper import ZooKeeperServer
 
-BACKENDS = ["memory", "redis", "postgres", "zookeeper", "redlock"]
+BACKENDS = ["memory", "redis", "postgres", "zookeeper", "redlock", "etcd"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -125,6 +126,15 @@ def zookeeper_server() -> Iterator[ZooKeeperServer]:
 
 
 @pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """One single-member etcd for the session; tests isolate by prefix."""
+    server = EtcdServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
 def redlock_nodes() -> Iterator[RedisNodes]:
     """Five independent redis-servers for the session's Redlock contract tests."""
     nodes = RedisNodes(5)
@@ -156,6 +166,10 @@ def make_harness(request: pytest.FixtureRequest, kind: str) -> Harness:
         from tests.harness_zookeeper import ZooKeeperHarness
 
         h = ZooKeeperHarness(request.getfixturevalue("zookeeper_server"))
+    elif kind == "etcd":
+        from tests.harness_etcd import EtcdHarness
+
+        h = EtcdHarness(request.getfixturevalue("etcd_server"))
     elif kind == "redlock":
         from tests.harness_redlock import RedlockHarness
 

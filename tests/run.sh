@@ -22,6 +22,9 @@ fi
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 [ -e /usr/share/java/curator-recipes.jar ] || missing+=(libcurator-recipes-java)
 command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
+# etcd (one member, or three on loopback) and etcdctl for the lock interop tests
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing: ${missing[*]}"

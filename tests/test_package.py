@@ -110,6 +110,7 @@ def test_metadata_one_version_license_and_no_dev_tools(dist: Path) -> None:
         "redis",
         "zookeeper",
         "postgres",
+        "etcd",
         "otel",
         "examples",
         "all",

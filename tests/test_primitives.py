@@ -26,9 +26,9 @@ SHORT = scaled(0.3)
 
 #: The backends that serve each primitive.
 SUPPORT: dict[str, list[str]] = {
-    "fair": ["memory", "redis", "zookeeper", "postgres"],
-    "rw": ["memory", "redis", "zookeeper", "postgres"],
-    "semaphore": ["memory", "redis", "zookeeper", "postgres"],
+    "fair": ["memory", "redis", "zookeeper", "postgres", "etcd"],
+    "rw": ["memory", "redis", "zookeeper", "postgres", "etcd"],
+    "semaphore": ["memory", "redis", "zookeeper", "postgres", "etcd"],
 }
 
 

@@ -27,9 +27,9 @@ globals().update({name: getattr(contract, name) for name in dir(contract) if nam
 SHAPES: dict[str, list[str]] = {
     # (not Redis: its fair lock is the plain lock, object and all, which
     # test_contract runs on already)
-    "fair": ["memory", "zookeeper", "postgres"],
-    "write": ["memory", "redis", "zookeeper", "postgres"],
-    "semaphore": ["memory", "redis", "zookeeper", "postgres"],
+    "fair": ["memory", "zookeeper", "postgres", "etcd"],
+    "write": ["memory", "redis", "zookeeper", "postgres", "etcd"],
+    "semaphore": ["memory", "redis", "zookeeper", "postgres", "etcd"],
 }
 PAIRS = [f"{backend}/{shape}" for shape, backends in SHAPES.items() for backend in backends]
 

@@ -1,0 +1,412 @@
+"""etcd-specific behaviour: the Mutex layout and ``etcdctl lock`` interop both ways,
+the lease (a paused or dead cluster cancels the body before etcd could expire
+the lease), failover in a three-member cluster, and configuration errors.
+(The contract suite runs on etcd too: tests/test_contract.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+import asynclock
+from asynclock import BackendUnavailable, ConfigurationError, LockLost
+from asynclock.backends.etcd import EtcdBackend
+from tests.harness import eventually
+from tests.harness_etcd import EtcdHarness
+from tests.servers import free_port, scaled
+from tests.servers.etcd import EtcdCluster, EtcdServer, TlsFiles, etcdctl, etcdctl_binary
+
+pytestmark = pytest.mark.anyio
+
+TTL = scaled(1.0)
+
+
+@pytest.fixture
+async def harness(etcd_server: EtcdServer) -> AsyncIterator[EtcdHarness]:
+    async with EtcdHarness(etcd_server) as h:
+        yield h
+
+
+@pytest.fixture
+def etcd_fresh() -> Iterator[EtcdServer]:
+    """An etcd of its own, for tests that pause or kill it."""
+    server = EtcdServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+def backend(locks: asynclock.Locks) -> EtcdBackend:
+    found = locks.backend
+    assert isinstance(found, EtcdBackend)
+    return found
+
+
+async def etcdctl_lock(server: EtcdServer, key: str, *command: str) -> asyncio.subprocess.Process:
+    """``etcdctl lock <key> -- <command>``, started (it holds the lock while the command runs)."""
+    binary = etcdctl_binary()
+    assert binary is not None
+    return await asyncio.create_subprocess_exec(
+        binary,
+        f"--endpoints={server.endpoint}",
+        "lock",
+        key,
+        "--",
+        *command,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "ETCDCTL_API": "3"},
+    )
+
+
+# -- layout ------------------------------------------------------------------------------
+
+
+async def test_the_lock_is_the_mutex_key_of_the_clients_lease(harness: EtcdHarness) -> None:
+    """``<lock.key>/<lease id in hex>``, created with the lease; the token is its create revision."""
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("orders/42")
+    assert lock.key == f"{harness.prefix}/orders%2F42"
+    async with lock as lease:
+        admin = await harness.admin()
+        keys = await admin.keys(lock.key + "/")
+        lease_id = backend(locks).lease_id
+        assert [kv.key.decode() for kv in keys] == [f"{lock.key}/{lease_id:x}"]
+        assert keys[0].lease == lease_id
+        assert lease.token == keys[0].create_revision
+    assert await (await harness.admin()).keys(lock.key + "/") == []
+
+
+async def test_tasks_of_one_client_take_turns_for_its_one_key(harness: EtcdHarness) -> None:
+    """Go's Mutex has one key per lease: a second task of the client waits in the
+    client, not as a second key, and its turn puts the key anew (a higher token)."""
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("turns")
+    admin = await harness.admin()
+    first = await lock.acquire()
+    got: list[int | None] = []
+
+    async def second() -> None:
+        async with lock as lease:
+            got.append(lease.token)
+
+    task = asyncio.create_task(second())
+    await asyncio.sleep(0.1)
+    assert not got
+    assert len(await admin.keys(lock.key + "/")) == 1
+    assert (await lock.info()).waiters == 1  # counted in the client
+    await lock.release()
+    await asyncio.wait_for(task, scaled(5))
+    assert first.token is not None and got[0] is not None and got[0] > first.token
+
+
+async def test_a_lock_ttl_past_the_clients_lease_is_refused(harness: EtcdHarness) -> None:
+    locks = harness.connect(ttl=TTL)
+    with pytest.raises(ValueError, match="client's ttl"):
+        await locks.lock("long", ttl=10 * TTL).acquire()
+
+
+def test_url_path_and_prefix_make_the_mutex_prefix() -> None:
+    with_path = EtcdBackend.from_url("etcds://u:secret@a:1,b:2/app/locks", prefix="svc")
+    assert with_path.lock_key("x") == "/app/locks/svc/x"
+    assert EtcdBackend.from_url("etcd://a", prefix="/locks").lock_key("job 1") == "/locks/job 1"
+    assert EtcdBackend.from_url("etcd://a").lock_key("%/\n") == "asynclock/%25%2F%0A"
+
+
+def test_unknown_options_are_refused_before_any_io() -> None:
+    with pytest.raises(ValueError, match="did you mean 'user'"):
+        asynclock.connect(f"etcd://127.0.0.1:{free_port()}?usr=me")
+    with pytest.raises(ValueError, match="did you mean 'ca_file'"):
+        asynclock.connect("etcds://127.0.0.1:1", ca_fil="/x")
+    with pytest.raises(ValueError, match="TLS option"):
+        asynclock.connect("etcd://127.0.0.1:1?ca_file=/x")
+
+
+# -- interop with etcdctl lock -------------------------------------------------------------
+
+
+async def test_etcdctl_holds_and_asynclock_waits_until_its_command_ends(
+    harness: EtcdHarness, etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("shared-with-go")
+    admin = await harness.admin()
+    ended = tmp_path / "ended"
+    # etcdctl deletes its key once the command ends, and exits after that
+    proc = await etcdctl_lock(etcd_server, lock.key, "sh", "-c", f"sleep {scaled(1.0)}; touch {ended}")
+    exited = asyncio.create_task(proc.wait())
+    try:
+        async with asyncio.timeout(scaled(10)):
+            while not await admin.keys(lock.key + "/"):
+                await asyncio.sleep(0.01)
+        theirs = (await admin.keys(lock.key + "/"))[0]
+        async with lock as lease:
+            assert ended.exists(), "asynclock got the lock while etcdctl's command ran"
+            assert lease.token is not None and lease.token > theirs.create_revision
+        assert await exited == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await exited
+
+
+async def test_asynclock_holds_and_etcdctl_waits_until_the_release(
+    harness: EtcdHarness, etcd_server: EtcdServer
+) -> None:
+    locks = harness.connect(ttl=TTL)
+    lock = locks.lock("shared-with-go")
+    admin = await harness.admin()
+    async with lock as lease:
+        proc = await etcdctl_lock(etcd_server, lock.key, "sh", "-c", 'echo "got $ETCD_LOCK_KEY"')
+        try:
+            async with asyncio.timeout(scaled(10)):
+                while len(await admin.keys(lock.key + "/")) < 2:
+                    await asyncio.sleep(0.01)  # etcdctl queued behind us
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), scaled(0.5))
+            assert (await lock.info()).waiters == 1
+            assert lease.token == (await admin.keys(lock.key + "/"))[0].create_revision
+        except BaseException:
+            proc.kill()
+            await proc.wait()
+            raise
+    out, err = await asyncio.wait_for(proc.communicate(), scaled(10))
+    assert proc.returncode == 0, err
+    assert out.decode().startswith(f"got {lock.key}/")
+
+
+# -- the lease ---------------------------------------------------------------------------------
+
+
+async def test_a_paused_server_cancels_the_body_before_etcd_could_expire_the_lease(etcd_fresh: EtcdServer) -> None:
+    async with asynclock.connect(etcd_fresh.url, ttl=TTL, prefix="pause") as locks:
+        loop = asyncio.get_running_loop()
+        etcd = backend(locks)
+        cancelled_at: list[float] = []
+        paused_at = 0.0
+        with pytest.raises(LockLost):
+            async with locks.lock("p") as lease:
+                await asyncio.sleep(TTL / 2)
+                etcd_fresh.pause()
+                paused_at = loop.time()
+                try:
+                    await asyncio.sleep(10 * TTL)
+                finally:
+                    cancelled_at.append(loop.time())
+        # etcd renewed the lease when the last answered keep-alive arrived (after
+        # it was sent), for the TTL it granted: the body ended before that
+        assert cancelled_at[0] <= etcd._confirmed_at + etcd._granted
+        assert cancelled_at[0] <= lease.expires_at + 0.05
+        assert cancelled_at[0] - paused_at <= TTL + 0.1
+        etcd_fresh.resume()
+
+
+async def test_a_cancelled_acquire_leaves_no_key(harness: EtcdHarness) -> None:
+    holder, waiter = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    lock = holder.lock("cancel")
+    admin = await harness.admin()
+    async with lock:
+        task = asyncio.create_task(waiter.lock("cancel").acquire())
+        async with asyncio.timeout(scaled(5)):
+            while len(await admin.keys(lock.key + "/")) < 2:
+                await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        keys = [kv.key.decode() for kv in await admin.keys(lock.key + "/")]
+        assert keys == [f"{lock.key}/{backend(holder).lease_id:x}"]
+
+
+async def test_aclose_revokes_the_lease_and_with_it_every_key(harness: EtcdHarness) -> None:
+    locks = harness.connect(ttl=scaled(10))
+    await locks.lock("a").acquire()
+    await locks.rw_lock("b").read.acquire()
+    lease_id = backend(locks).lease_id
+    await locks.aclose()
+    admin = await harness.admin()
+    assert await admin.keys(f"{harness.prefix}/") == []
+    assert (await admin.client.time_to_live(lease_id, 5.0)).ttl <= 0
+
+
+# -- clusters --------------------------------------------------------------------------------
+
+
+async def test_leader_killed_while_locks_are_held_and_waited_for(etcd_cluster: EtcdCluster) -> None:
+    """No overlap, and the clients go on through another member."""
+    clients = [asynclock.connect(etcd_cluster.url, ttl=scaled(2.0), prefix="failover") for _ in range(3)]
+    inside = 0
+    overlaps = 0
+    done: list[int] = []
+    stop = asyncio.Event()
+
+    async def worker(locks: asynclock.Locks) -> None:
+        nonlocal inside, overlaps
+        while not stop.is_set():
+            try:
+                async with locks.lock("work"):
+                    inside += 1
+                    overlaps += inside > 1
+                    await asyncio.sleep(0.005)
+                    inside -= 1
+                    done.append(1)
+            except (LockLost, BackendUnavailable):
+                pass  # lost or not reachable in time: never a second holder
+
+    try:
+        tasks = [asyncio.create_task(worker(clients[i % 3])) for i in range(6)]
+        await eventually(lambda: len(done) >= 20, scaled(10), "work before the kill")
+        leader = await asyncio.to_thread(etcd_cluster.leader)
+        await asyncio.to_thread(leader.kill)
+        before = len(done)
+        await eventually(lambda: len(done) >= before + 30, scaled(20), "work after the leader died")
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), scaled(20))
+        assert overlaps == 0
+        for locks in clients:
+            assert backend(locks).client.current != leader.hostport
+    finally:
+        stop.set()
+        for locks in clients:
+            await locks.aclose()
+
+
+async def test_the_whole_cluster_down_cancels_bodies_before_the_lease_ttl(etcd_cluster: EtcdCluster) -> None:
+    async with asynclock.connect(etcd_cluster.url, ttl=TTL, prefix="down") as locks:
+        loop = asyncio.get_running_loop()
+        etcd = backend(locks)
+        ended: list[float] = []
+
+        async def hold(name: str) -> None:
+            try:
+                async with locks.lock(name):
+                    try:
+                        await asyncio.sleep(100)
+                    finally:
+                        ended.append(loop.time())
+            except LockLost:
+                pass
+
+        tasks = [asyncio.create_task(hold(name)) for name in ("a", "b")]
+        await eventually(lambda: len(locks._keeper or ()) == 2, scaled(5), "both held")
+        await asyncio.sleep(TTL / 2)
+        for server in etcd_cluster.servers.values():
+            server.kill()
+        down_at = loop.time()
+        await asyncio.wait_for(asyncio.gather(*tasks), scaled(5))
+        assert len(ended) == 2
+        assert max(ended) <= etcd._confirmed_at + etcd._granted
+        assert max(ended) - down_at <= TTL + 0.1
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+async def test_connecting_to_a_closed_port_fails_within_connect_timeout() -> None:
+    port = free_port()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}"):
+        async with asynclock.connect(f"etcd://127.0.0.1:{port}", connect_timeout=0.5):
+            pass
+    assert loop.time() - start <= scaled(0.5) + 1.0
+
+
+@pytest.fixture
+def etcd_auth() -> Iterator[EtcdServer]:
+    """An etcd with authentication on: user root, password ``s3cret``."""
+    server = EtcdServer()
+    server.start()
+    try:
+        server.etcdctl("user", "add", "root:s3cret")
+        server.etcdctl("auth", "enable")
+        yield server
+    finally:
+        server.cleanup()
+
+
+async def test_refused_credentials_raise_configuration_error(etcd_auth: EtcdServer) -> None:
+    for url in (etcd_auth.url, f"etcd://root:wrong@{etcd_auth.hostport}"):
+        with pytest.raises(ConfigurationError) as caught:
+            async with asynclock.connect(url, ttl=TTL):
+                pass
+        assert "wrong" not in str(caught.value)
+        assert etcd_auth.hostport in str(caught.value)
+    async with asynclock.connect(f"etcd://root:s3cret@{etcd_auth.hostport}", ttl=TTL) as locks:
+        async with locks.lock("with-auth") as lease:
+            assert lease.token is not None
+    out = etcdctl(etcd_auth.endpoint, "--user=root:s3cret", "get", "--prefix", "asynclock/", "--keys-only")
+    assert out.strip() == ""
+
+
+@pytest.fixture
+def etcd_tls(tmp_path: Path) -> Iterator[EtcdServer]:
+    """An etcd that serves clients over TLS only, with a certificate of a test CA."""
+    server = EtcdServer(tls=TlsFiles(tmp_path / "tls"))
+    server.start()
+    yield server
+    server.cleanup()
+
+
+async def test_etcds_connects_with_the_ca_file_and_refuses_an_unknown_certificate(etcd_tls: EtcdServer) -> None:
+    assert etcd_tls.tls is not None
+    url = f"{etcd_tls.url}?ca_file={etcd_tls.tls.ca}"
+    async with asynclock.connect(url, ttl=TTL) as locks:
+        async with locks.lock("over-tls") as lease:
+            assert lease.token is not None
+    # the system's roots do not know the test CA: no retry can fix that
+    with pytest.raises(ConfigurationError, match="TLS"):
+        async with asynclock.connect(etcd_tls.url, ttl=TTL, connect_timeout=2):
+            pass
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        async with asynclock.connect(f"{etcd_tls.url}?ca_file={etcd_tls.tls.ca}.missing", ttl=TTL):
+            pass
+
+
+def test_etcdctl_is_installed() -> None:
+    """The interop tests need etcdctl; tests/run.sh installs it."""
+    assert etcdctl_binary() is not None
+    assert (
+        "etcdctl version"
+        in subprocess.run([etcdctl_binary() or "etcdctl", "version"], capture_output=True, text=True, check=True).stdout
+    )
+
+
+async def test_inspect_lists_and_describes_holders_and_waiters(harness: EtcdHarness, etcd_server: EtcdServer) -> None:
+    """What ``asynclock inspect etcd://…`` shows: asynclock's and etcdctl's holders, waiters, tokens."""
+    from asynclock._inspect import collect
+
+    holder, waiter = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    lock = holder.lock("seen/by inspect")
+    async with lock as lease:
+
+        async def wait_in_line() -> None:
+            async with waiter.lock("seen/by inspect"):
+                pass
+
+        queued = asyncio.create_task(wait_in_line())
+        await eventually(lambda: bool(waiter._queued), scaled(5), "the waiter queued")
+        async with asyncio.timeout(scaled(5)):
+            while (await lock.info()).waiters != 1:
+                await asyncio.sleep(0.01)
+        infos = await collect(harness.url, [], prefix=harness.prefix)
+        assert [info.name for info in infos] == ["seen/by inspect"]
+        (info,) = infos
+        assert info.key == lock.key and info.token == lease.token and info.waiters == 1
+        assert info.owner == f"{lock.key}/{backend(holder).lease_id:x}"  # seen from another client: the key
+        assert info.ttl is not None and 0 <= info.ttl <= TTL + 1
+    await asyncio.wait_for(queued, scaled(5))
