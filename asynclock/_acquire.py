@@ -256,25 +256,24 @@ async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float 
                 locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
                 raise BackendUnavailable(CLOSED) from None
             raise
-        except ConfigurationError:
-            locks._wait_ended(task)
-            give_back()
-            locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
-            raise
         except (LockError, OSError, TimeoutError) as exc:
             locks._wait_ended(task)
             now = loop.time()
             failing_since = now if failing_since is None else failing_since
-            final = not getattr(exc, "retryable", True)
+            final = isinstance(exc, ConfigurationError) or not getattr(exc, "retryable", True)
             if final or (deadline is not None and now >= deadline) or now - failing_since >= lease._lease_time:
-                # The server stays away: past a lease time of failures the queue entry
-                # is gone anyway; give back whatever it may still hold.
+                # No retry can fix it, or the server stays away (past a lease time of
+                # failures the queue entry is gone anyway): give back whatever it may hold.
                 give_back()
                 locks._emit("timeout", lock.name, owner, None, wait_s=now - started)
                 raise unavailable(exc) from exc
             pause = backoff.next()
             await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
             continue
+        except BaseException:
+            locks._wait_ended(task)
+            give_back()
+            raise
         locks._wait_ended(task)
         failing_since = None
         backoff.reset()

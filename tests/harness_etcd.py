@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asynclock.abc import Shape
+from asynclock._legacy import Shape
 from asynclock.backends.etcd import EtcdBackend
 from asynclock.backends.etcd._client import EtcdClient
 from asynclock.backends.etcd._recipe import rw_holders

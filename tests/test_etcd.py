@@ -399,7 +399,7 @@ async def test_inspect_lists_and_describes_holders_and_waiters(harness: EtcdHarn
                 pass
 
         queued = asyncio.create_task(wait_in_line())
-        await eventually(lambda: bool(waiter._queued), scaled(5), "the waiter queued")
+        await eventually(lambda: bool(waiter._waits), scaled(5), "the waiter queued")
         async with asyncio.timeout(scaled(5)):
             while (await lock.info()).waiters != 1:
                 await asyncio.sleep(0.01)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
@@ -190,6 +190,25 @@ async def test_losing_one_permit_keeps_the_clients_other_permits(harness: Harnes
     assert lost == [victim]
 
 
+def replace_renewals(
+    monkeypatch: pytest.MonkeyPatch,
+    locks: asynclock.Locks,
+    kind: str,
+    renew: Callable[[Sequence[RenewItem]], Awaitable[Sequence[bool | BaseException]]],
+) -> None:
+    """Make the renewals of the primitive ``kind`` go to ``renew`` (a broken or stuck
+    server connection of that primitive); the others' go to the backend as before."""
+    backend = locks._backend
+    original = backend.renew
+
+    async def routed(items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
+        if any(item.ref.kind == kind for item in items):
+            return await renew(items)
+        return await original(items)
+
+    monkeypatch.setattr(backend, "renew", routed)
+
+
 async def test_one_adapters_failing_renewals_do_not_lose_the_other_shapes_leases(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -197,10 +216,10 @@ async def test_one_adapters_failing_renewals_do_not_lose_the_other_shapes_leases
     plain, fair, sem = locks.lock("group"), locks.lock("group", fair=True), locks.semaphore("group", permits=2)
     p, f, s = await plain.acquire(), await fair.acquire(), await sem.acquire()
 
-    async def broken(items: object) -> list[bool | BaseException]:
+    async def broken(items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
         raise ConnectionError("the semaphore's server connection is down")
 
-    monkeypatch.setattr(sem._backend, "renew", broken)
+    replace_renewals(monkeypatch, locks, "semaphore", broken)
     await asyncio.wait_for(s.wait_lost(), scaled(5))
     await asyncio.sleep(TTL)
     assert not p.lost and not f.lost
@@ -503,13 +522,13 @@ async def test_a_hanging_renewal_of_one_shape_does_not_lose_the_short_leases_of_
         p = await plain.acquire()
         calls = 0
 
-        async def stuck(items: object) -> list[bool | BaseException]:
+        async def stuck(items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
             nonlocal calls
             calls += 1
             await asyncio.sleep(scaled(30))
             raise AssertionError("unreachable")
 
-        monkeypatch.setattr(sem._backend, "renew", stuck)
+        replace_renewals(monkeypatch, locks, "semaphore", stuck)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + scaled(5)
         while calls == 0:  # the semaphore's first renewal is under way (and hangs)
@@ -604,7 +623,7 @@ async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queu
         return answer
 
     victim_lock = _shaped(cancelled, kind, "applied")
-    victim = victim_lock._backend
+    victim = cancelled._backend._adapter(victim_lock._ref)
     monkeypatch.setattr(RedisQueued, "_enter", enter)
     task = asyncio.create_task(victim_lock.acquire())
     await asyncio.wait_for(applied.wait(), scaled(5))
@@ -636,14 +655,14 @@ async def test_one_stuck_hold_does_not_lose_the_other_holds_renewed_with_it(monk
         tasks = [asyncio.create_task(hold()) for _ in range(2)]
         await eventually(lambda: len(leases) >= 2, scaled(5), "2 holders")
         stuck_hold = leases[0]._hold
-        real = sem._backend.renew
+        real = locks._backend.renew
 
         async def renew(items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
             if any(item.hold == stuck_hold for item in items):
                 await asyncio.sleep(scaled(30))  # this hold's connection hangs
             return await real(items)
 
-        monkeypatch.setattr(sem._backend, "renew", renew)
+        monkeypatch.setattr(locks._backend, "renew", renew)
         await asyncio.wait_for(leases[0].wait_lost(), scaled(5))
         await asyncio.sleep(TTL)
         assert not leases[1].lost, leases[1].lost_reason

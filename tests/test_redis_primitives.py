@@ -106,7 +106,7 @@ async def commandstats(admin: aioredis.Redis) -> dict[str, int]:
 
 
 def adapter(lock: asynclock.Lock) -> RedisQueued:
-    backend = lock._backend
+    backend = lock._locks._backend._adapter(lock._ref)  # type: ignore[attr-defined]
     assert isinstance(backend, RedisQueued)
     return backend
 

@@ -18,11 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._legacy import LOCK, Shape
-from .._legacy import LegacyBackend as Backend
 from .._options import query_names, reject_unknown
 from .._values import LockInfo
-from ..abc import Acquired, BackendHooks, Busy, RenewItem
+from ..abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem
 
 __all__ = ["MemoryBackend", "expire", "expire_all"]
 
@@ -138,8 +136,8 @@ _TABLE = _Table()
 
 # -- queued primitives: fair lock, read-write lock, semaphore -------------------
 
-#: The request mode of each queued shape: exclusive, shared (read), or one of N.
-_MODES = {"fair": "x", "write": "x", "read": "r", "semaphore": "s"}
+#: The table family of each queued kind: the two sides of a read-write lock share one resource.
+_FAMILIES = {"fair": "fair", "read": "rw", "write": "rw", "semaphore": "semaphore"}
 
 
 @dataclass(slots=True)
@@ -352,16 +350,22 @@ def _queue_key(prefix: str, kind: str, name: str) -> str:
 
 
 class MemoryBackend:
-    """The in-process backend behind ``memory://``."""
+    """The in-process backend behind ``memory://``.
+
+    The plain lock is a lock table entry whose release notifies this
+    process's waiters; the fair lock, the read-write lock and the semaphore
+    are FIFO queues granted in the table (a grant wakes its waiter directly).
+    """
 
     kind = "memory"
-    queues_waiters = False
 
     def __init__(self, *, prefix: str = "asynclock") -> None:
         self._prefix = prefix
         self._id = id(self)
         self._hooks: BackendHooks | None = None
         self._subscribed: set[str] = set()
+        # queued requests of this client, by hold id, until granted and waited for, or left
+        self._requests: dict[str, _Request] = {}
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> MemoryBackend:
@@ -369,14 +373,13 @@ class MemoryBackend:
         reject_unknown([*query_names(url), *options], (), "memory://")
         return cls(prefix=prefix)
 
-    def lock_key(self, name: str) -> str:
-        return f"{self._prefix}:{name}"
+    def check_kind(self, kind: Kind) -> None:
+        """Every primitive: the plain and fair lock, both sides of a read-write lock, the semaphore."""
 
-    def primitive(self, shape: Shape) -> Backend:
-        """Every shape: the fair lock, both sides of a read-write lock, the semaphore."""
-        if shape == LOCK:
-            return self
-        return _MemoryQueued(self._prefix, shape)
+    def lock_key(self, ref: LockRef) -> str:
+        if ref.kind == "lock":
+            return f"{self._prefix}:{ref.name}"
+        return _queue_key(self._prefix, _FAMILIES[ref.kind], ref.name)
 
     def lease_time(self, ttl: float) -> float:
         return ttl
@@ -384,149 +387,109 @@ class MemoryBackend:
     async def start(self, hooks: BackendHooks) -> None:
         self._hooks = hooks
 
-    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
-        return _TABLE.try_acquire(self.lock_key(name), hold, ttl)
+    async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
+        key = self.lock_key(ref)
+        if ref.kind == "lock":
+            return _TABLE.try_acquire(key, hold, ttl)
+        req = _Request(hold, ref.mode, ttl, asyncio.get_running_loop(), asyncio.Event())
+        try:
+            token = _QUEUES.try_enter(key, req, ref.permits, wait=enqueue)
+        except _PermitsDiffer as exc:
+            raise ValueError(
+                f"semaphore {ref.name!r} is in use with permits={exc.permits}, and this client asked for"
+                f" permits={ref.permits}: every client of a semaphore must use the same number"
+            ) from None
+        if token is not None:
+            return Acquired(token)
+        if not enqueue:
+            return Busy(None)
+        self._requests[hold] = req
+        return Queued(None)
 
-    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
-        raise NotImplementedError("memory:// uses try_acquire and release notifications")
+    async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
+        req = self._requests[hold]
+        key = self.lock_key(ref)
+        loop = asyncio.get_running_loop()
+        while True:
+            token, next_expiry = _QUEUES.poll(key, req, ref.permits)
+            if token is not None:
+                del self._requests[hold]
+                return Acquired(token, confirmed_at=req.granted_at)
+            wait = next_expiry  # a holder that expires may let this one in
+            if until is not None:
+                left = until - loop.time()
+                if left <= 0:
+                    return Queued(None)
+                wait = left if wait is None else min(wait, left)
+            req.event.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if wait is None else max(wait, 0.001)):
+                    await req.event.wait()
 
-    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
-        return _TABLE.set_count(self.lock_key(name), hold, count, ttl)
+    async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
+        if ref.kind == "lock":
+            return _TABLE.set_count(self.lock_key(ref), hold, count, ttl)
+        return _QUEUES.update(self.lock_key(ref), hold, ttl, ref.permits, count)
 
-    async def release(self, name: str, hold: str) -> bool:
-        return _TABLE.release(self.lock_key(name), hold)
+    async def release(self, ref: LockRef, hold: str) -> bool:
+        key = self.lock_key(ref)
+        if ref.kind == "lock":
+            return _TABLE.release(key, hold)
+        req = self._requests.pop(hold, None)
+        if req is not None and _QUEUES.leave(key, req, ref.permits) is None:
+            return False  # it left the queue before being granted
+        return _QUEUES.release(key, hold, ref.permits)
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        return [_TABLE.renew(self.lock_key(item.name), item.hold, item.ttl) for item in items]
+        return [
+            _TABLE.renew(self.lock_key(item.ref), item.hold, item.ttl)
+            if item.ref.kind == "lock"
+            else _QUEUES.update(self.lock_key(item.ref), item.hold, item.ttl, item.ref.permits)
+            for item in items
+        ]
 
     async def subscribe(self, name: str) -> None:
         assert self._hooks is not None
         self._subscribed.add(name)
-        _TABLE.subscribe(self.lock_key(name), self._id, asyncio.get_running_loop(), self._hooks, name)
+        _TABLE.subscribe(self.lock_key(LockRef("lock", name)), self._id, asyncio.get_running_loop(), self._hooks, name)
 
     async def unsubscribe(self, name: str) -> None:
         self._subscribed.discard(name)
-        _TABLE.unsubscribe(self.lock_key(name), self._id)
+        _TABLE.unsubscribe(self.lock_key(LockRef("lock", name)), self._id)
 
-    async def info(self, name: str) -> LockInfo:
-        entry = _TABLE.info(self.lock_key(name))
+    async def info(self, ref: LockRef) -> LockInfo:
+        key = self.lock_key(ref)
+        if ref.kind != "lock":
+            holders, waiting = _QUEUES.snapshot(key, ref.permits)
+            if not holders:
+                return LockInfo(ref.name, key, None, 0, None, waiting, None)
+            hold, first = holders[0]
+            return LockInfo(
+                ref.name,
+                key,
+                hold,
+                first.count,
+                max(0.0, first.expires_at - time.monotonic()),
+                waiting,
+                first.token,
+                tuple(hold for hold, _ in holders),
+            )
+        entry = _TABLE.info(key)
         if entry is None:
-            return LockInfo(name, self.lock_key(name), None, 0, None, None, None)
+            return LockInfo(ref.name, key, None, 0, None, None, None)
         return LockInfo(
-            name,
-            self.lock_key(name),
-            entry.owner,
-            entry.count,
-            max(0.0, entry.expires_at - time.monotonic()),
-            None,
-            entry.token,
+            ref.name, key, entry.owner, entry.count, max(0.0, entry.expires_at - time.monotonic()), None, entry.token
         )
 
     async def names(self) -> list[str]:
-        """Names of the locks held under this client's prefix."""
+        """Names of the plain locks held under this client's prefix."""
         start = len(self._prefix) + 1
         return [key[start:] for key in _TABLE.held_keys() if key.startswith(self._prefix + ":")]
 
     async def aclose(self) -> None:
         for name in list(self._subscribed):
             await self.unsubscribe(name)
-
-
-class _MemoryQueued:
-    """The adapter of a queued shape (fair lock, read or write side, semaphore) on ``memory://``."""
-
-    kind = "memory"
-    queues_waiters = True
-
-    def __init__(self, prefix: str, shape: Shape) -> None:
-        self._prefix = prefix
-        self._mode = _MODES[shape.kind]
-        self._kind = "rw" if shape.kind in ("read", "write") else shape.kind
-        self._permits = shape.permits
-
-    def lock_key(self, name: str) -> str:
-        return _queue_key(self._prefix, self._kind, name)
-
-    def lease_time(self, ttl: float) -> float:
-        return ttl
-
-    def primitive(self, shape: Shape) -> Backend:
-        raise NotImplementedError("an adapter has no further primitives")
-
-    async def start(self, hooks: BackendHooks) -> None:
-        """Nothing to start: grants are pushed to the waiter directly."""
-
-    async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
-        raise NotImplementedError("queued shapes use wait_acquire")
-
-    async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
-        key = self.lock_key(name)
-        loop = asyncio.get_running_loop()
-        req = _Request(hold, self._mode, ttl, loop, asyncio.Event())
-        try:
-            token = _QUEUES.try_enter(key, req, self._permits, wait=timeout != 0)
-        except _PermitsDiffer as exc:
-            raise ValueError(
-                f"semaphore {name!r} is in use with permits={exc.permits}, and this client asked for"
-                f" permits={self._permits}: every client of a semaphore must use the same number"
-            ) from None
-        if token is not None:
-            return Acquired(token)
-        if timeout == 0:
-            return None
-        deadline = None if timeout is None else loop.time() + timeout
-        try:
-            while True:
-                token, next_expiry = _QUEUES.poll(key, req, self._permits)
-                if token is not None:
-                    return Acquired(token, confirmed_at=req.granted_at)
-                wait = next_expiry
-                if deadline is not None:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        token = _QUEUES.leave(key, req, self._permits)
-                        return None if token is None else Acquired(token, confirmed_at=req.granted_at)
-                    wait = left if wait is None else min(wait, left)
-                req.event.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(None if wait is None else max(wait, 0.001)):
-                        await req.event.wait()
-        except BaseException:
-            # Cancelled (or worse): out of the queue; a grant that raced in is given back.
-            if _QUEUES.leave(key, req, self._permits) is not None:
-                _QUEUES.release(key, hold, self._permits)
-            raise
-
-    async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
-        return _QUEUES.update(self.lock_key(name), hold, ttl, self._permits, count)
-
-    async def release(self, name: str, hold: str) -> bool:
-        return _QUEUES.release(self.lock_key(name), hold, self._permits)
-
-    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        return [_QUEUES.update(self.lock_key(item.name), item.hold, item.ttl, self._permits) for item in items]
-
-    async def subscribe(self, name: str) -> None:
-        """Not used: a grant wakes its waiter directly."""
-
-    async def unsubscribe(self, name: str) -> None:
-        """Not used: a grant wakes its waiter directly."""
-
-    async def info(self, name: str) -> LockInfo:
-        holders, waiting = _QUEUES.snapshot(self.lock_key(name), self._permits)
-        if not holders:
-            return LockInfo(name, self.lock_key(name), None, 0, None, waiting, None)
-        hold, first = holders[0]
-        return LockInfo(
-            name,
-            self.lock_key(name),
-            hold,
-            first.count,
-            max(0.0, first.expires_at - time.monotonic()),
-            waiting,
-            first.token,
-            tuple(hold for hold, _ in holders),
-        )
-
-    async def aclose(self) -> None:
-        """Nothing to close: the table belongs to the process."""
+        for hold, req in list(self._requests.items()):
+            # (a wait cancelled by the close gave its request back already)
+            del self._requests[hold]
+            req.event.set()
