@@ -127,7 +127,7 @@ def _from_client(client: Any, prefix: str | None, options: dict[str, Any], conne
         if isinstance(client, asyncpg.Pool):
             from .backends.postgres import PostgresBackend
 
-            return PostgresBackend(client, prefix=chosen_prefix, connect_timeout=connect_timeout, **options)
+            return PostgresBackend.from_pool(client, prefix=chosen_prefix, connect_timeout=connect_timeout, **options)
     try:
         import redis.asyncio as aioredis
     except ImportError:  # pragma: no cover - depends on the environment
