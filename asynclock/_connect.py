@@ -97,9 +97,12 @@ def _from_url(
     if scheme == "zk":
         from .backends.zookeeper import ZooKeeperBackend
 
-        # the lease is the session: its timeout defaults to the client's ttl
-        session_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl", 30.0)
-        return ZooKeeperBackend.from_url(rest, ttl=session_ttl, **common, **options), url_opts
+        # The lease is the session: the backend chooses the ttl and the session
+        # timeout together (the ttl follows a given session_timeout).
+        given_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl")
+        zk = ZooKeeperBackend.from_url(rest, ttl=given_ttl, **common, **options)
+        url_opts.setdefault("ttl", zk.ttl)
+        return zk, url_opts
     if scheme == "redlock":
         from .backends.redlock import RedlockBackend
 
