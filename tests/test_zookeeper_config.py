@@ -115,6 +115,19 @@ async def test_a_silent_listener_fails_after_connect_timeout(silent_listener: in
         await locks.aclose()
 
 
+async def test_a_cancelled_first_connection_stops_trying(silent_listener: int) -> None:
+    locks = asynclock.connect(f"zk://127.0.0.1:{silent_listener}", connect_timeout=scaled(10))
+    try:
+        attempt = asyncio.create_task(locks.lock("x").acquire(timeout=None))
+        await asyncio.sleep(scaled(0.3))
+        attempt.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+        assert await hygiene.pending_asynclock_tasks(grace=scaled(0.5)) == []
+    finally:
+        await locks.aclose()
+
+
 # -- the chroot --------------------------------------------------------------------------------------
 
 

@@ -410,16 +410,20 @@ class ZkSession:
             self._runner = asyncio.get_running_loop().create_task(self._run(), name="asynclock-zookeeper-session")
         try:
             await self.wait_connected(timeout)
-        except ZkConnectionLoss as exc:
+        except BaseException as exc:
             if self._established or self._closed:
                 raise
-            # Never connected: stop trying, so that nothing reconnects behind
-            # the caller's back (the next call starts again).
+            # Never connected (out of time, every server refused, or the caller
+            # was cancelled): stop trying, so that nothing reconnects behind the
+            # caller's back; the next call starts again.
             runner, self._runner = self._runner, None
             if runner is not None and not runner.done():
                 runner.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await runner
+                if isinstance(exc, ZkConnectionLoss):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await runner
+            if not isinstance(exc, ZkConnectionLoss):
+                raise
             reason = self._unreachable
             if reason is None:
                 for host, port in self.hosts:  # (an attempt still under way when the time ran out)
