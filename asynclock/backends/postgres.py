@@ -1186,7 +1186,9 @@ class PostgresBackend:
         if _is_closed(conn):
             with contextlib.suppress(asyncpg.InterfaceError):
                 conn.remove_termination_listener(on_close)
-            raise BackendUnavailable("the PostgreSQL connection closed right after the lock was granted")
+            raise BackendUnavailable(
+                f"PostgreSQL at {self._edge.address}: the connection closed right after the lock was granted"
+            )
         self._holds[hold] = record
 
     async def _wait(self, conn: Any, ttl: float, deadline: float | None, sql: str, *args: Any) -> Any:
@@ -1214,9 +1216,13 @@ class PostgresBackend:
                     with self._edge:
                         return task.result()
                 if deadline is not None and loop.time() >= deadline + grace:
-                    raise BackendUnavailable("PostgreSQL did not answer within the acquire timeout")
+                    raise BackendUnavailable(
+                        f"PostgreSQL at {self._edge.address}: no answer within the acquire timeout"
+                    )
                 if not await self._server_alive(ttl):
-                    raise BackendUnavailable("PostgreSQL stopped answering while the lock was awaited")
+                    raise BackendUnavailable(
+                        f"PostgreSQL at {self._edge.address}: stopped answering while the lock was awaited"
+                    )
         finally:
             if not task.done():
                 # asyncpg sends a CancelRequest; the next statement on this

@@ -480,7 +480,9 @@ class ZooKeeperBackend:
                 if deadline is None or once or loop.time() < deadline:
                     raise
                 if not self._session.connected:
-                    raise ZkConnectionLoss(f"no ZooKeeper server reachable within {timeout}s") from None
+                    raise ZkConnectionLoss(
+                        f"no ZooKeeper server of {self._session.address} reachable within {timeout:.3g} s"
+                    ) from None
                 result = None
             if result is not None and mutex is not None:
                 # the next waiter's turn, before this acquire returns (so an
