@@ -34,7 +34,8 @@ def connect(
     ``redis+sentinel://s1:p1,s2:p2/name``  the Redis primary that Sentinel names
     ``redis+cluster://h1:p1,h2:p2``        Redis Cluster (also a ``RedisCluster`` instance)
     ``zk://h1:p1,h2:p2/optional/chroot``   a ZooKeeper ensemble; the lease is the session
-                                           (``?session_timeout=``, default the ``ttl``)
+                                           (``?session_timeout=``, default the ``ttl``; without
+                                           a ``ttl`` the ttl follows it)
     =====================================  ===============================
 
     ``ttl`` (seconds, default 30) is the lease time the watchdog keeps renewing;
