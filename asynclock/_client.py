@@ -148,7 +148,12 @@ class Locks:
         return Semaphore(self, check_name(name), self._check_ttl(ttl), permits)
 
     async def __aenter__(self) -> Locks:
-        await self._ensure_started()
+        try:
+            await self._ensure_started()
+        except BaseException:
+            # A block that was never entered is never left: close what the start opened.
+            await self.aclose()
+            raise
         return self
 
     async def __aexit__(
@@ -205,7 +210,15 @@ class Locks:
             raise RuntimeError(CLIENT_CLOSED)
 
     def _check_ttl(self, ttl: float | None) -> float:
-        return self._ttl if ttl is None else check_ttl(ttl)
+        if ttl is None:
+            return self._ttl
+        ttl = check_ttl(ttl)
+        # A backend whose lease is bounded by something else (ZooKeeper's
+        # session) refuses, here and without I/O, a ttl it cannot carry.
+        fits = getattr(self._backend, "check_ttl", None) or getattr(self.backend, "check_ttl", None)
+        if fits is not None:
+            fits(ttl)
+        return ttl
 
     async def _ensure_started(self) -> LeaseKeeper:
         self._check_open()

@@ -35,7 +35,8 @@ def connect(
     ``redis+sentinel://s1:p1,s2:p2/name``  the Redis primary that Sentinel names
     ``redis+cluster://h1:p1,h2:p2``        Redis Cluster (also a ``RedisCluster`` instance)
     ``zk://h1:p1,h2:p2/optional/chroot``   a ZooKeeper ensemble; the lease is the session
-                                           (``?session_timeout=``, default the ``ttl``)
+                                           (``?session_timeout=``, default the ``ttl``; without
+                                           a ``ttl`` the ttl follows it)
     ``etcd://h1:p1,h2:p2/optional/path``   an etcd cluster (``etcds://`` for TLS); etcd's Mutex
                                            recipe, one etcd lease per client
     =====================================  ===============================
@@ -100,9 +101,12 @@ def _from_url(
     if scheme == "zk":
         from .backends.zookeeper import ZooKeeperBackend
 
-        # the lease is the session: its timeout defaults to the client's ttl
-        session_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl", 30.0)
-        return ZooKeeperBackend.from_url(rest, ttl=session_ttl, **common, **options), url_opts
+        # The lease is the session: the backend chooses the ttl and the session
+        # timeout together (the ttl follows a given session_timeout).
+        given_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl")
+        zk = ZooKeeperBackend.from_url(rest, ttl=given_ttl, **common, **options)
+        url_opts.setdefault("ttl", zk.ttl)
+        return zk, url_opts
     if scheme in ("etcd", "etcds"):
         from .backends.etcd import EtcdBackend
 
@@ -138,7 +142,7 @@ def _from_client(
         if isinstance(client, asyncpg.Pool):
             from .backends.postgres import PostgresBackend
 
-            return PostgresBackend(client, prefix=chosen_prefix, connect_timeout=connect_timeout, **options)
+            return PostgresBackend.from_pool(client, prefix=chosen_prefix, connect_timeout=connect_timeout, **options)
     try:
         import redis.asyncio as aioredis
     except ImportError:  # pragma: no cover - depends on the environment

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiozk import protocol
+from aiozk.protocol.acl import ACL, ID
 
 from asynclock._legacy import Shape
 from asynclock.backends._zk_session import NO_NODE, ZkError, ZkSession
@@ -14,14 +15,18 @@ from tests.servers.zookeeper import ZooKeeperServer
 
 
 class AdminClient:
-    """A separate ZooKeeper session for the tests: look at and delete nodes server-side."""
+    """A separate ZooKeeper session for the tests: look at and delete nodes server-side.
 
-    def __init__(self, hosts: str) -> None:
+    ``auth`` = (scheme, credentials), e.g. ``("digest", b"user:password")``,
+    for nodes whose ACL wants them.
+    """
+
+    def __init__(self, hosts: str, auth: tuple[str, bytes] | None = None) -> None:
         pairs = []
         for item in hosts.split(","):
             host, _, port = item.rpartition(":")
             pairs.append((host, int(port)))
-        self.session = ZkSession(pairs, timeout=10.0)
+        self.session = ZkSession(pairs, timeout=10.0, auth=[] if auth is None else [auth])
 
     async def start(self) -> AdminClient:
         await self.session.start(10.0)
@@ -45,6 +50,28 @@ class AdminClient:
                 return None
             raise
         return reply.stat
+
+    async def data(self, path: str) -> bytes | None:
+        try:
+            reply = await self.session.call(protocol.GetDataRequest(path=path, watch=False), path)
+        except ZkError as exc:
+            if exc.code == NO_NODE:
+                return None
+            raise
+        return bytes(reply.data or b"")
+
+    async def acl(self, path: str) -> list[tuple[str, str, int]]:
+        """The ACL of ``path``: (scheme, id, permissions) each."""
+        reply = await self.session.call(protocol.GetACLRequest(path=path), path)
+        return [(entry.id.scheme, entry.id.id, entry.perms) for entry in reply.acl]
+
+    async def create(self, path: str, acl: list[tuple[str, str, int]] | None = None) -> None:
+        """A persistent node, with ``acl`` (scheme, id, permissions) each, default open to all."""
+        entries = [
+            ACL(perms=perms, id=ID(scheme=scheme, id=ident))
+            for scheme, ident, perms in (acl or [("world", "anyone", 31)])
+        ]
+        await self.session.call(protocol.CreateRequest(path=path, data=b"", acl=entries, flags=0), path)
 
     async def delete(self, path: str) -> bool:
         try:

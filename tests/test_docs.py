@@ -107,9 +107,7 @@ def page_id(page: Path) -> str:
 
 
 #: Pages whose blocks fail for a known reason, until it is fixed (strict: a fix shows).
-KNOWN: dict[str, str] = {
-    "docs/backends/zookeeper.md": "zk://…?session_timeout=10 with the default ttl is refused at the first acquire",
-}
+KNOWN: dict[str, str] = {}
 
 
 def _page(page: Path) -> Any:

@@ -534,11 +534,12 @@ async def test_a_silent_server_is_not_waited_for_forever(pg: PostgresHarness) ->
         pg.server.pause()
         try:
             async with asyncio.timeout(scaled(10)):
-                with pytest.raises(BackendUnavailable):
+                with pytest.raises(BackendUnavailable) as caught:
                     await task
         finally:
             pg.server.resume()
     assert not waiter.lock("silent").held
+    assert f"127.0.0.1:{pg.server.port}: stopped answering" in str(caught.value)  # where, and what
 
 
 async def test_a_try_to_a_silent_server_ends_within_the_ttl(pg: PostgresHarness) -> None:
@@ -553,11 +554,12 @@ async def test_a_try_to_a_silent_server_ends_within_the_ttl(pg: PostgresHarness)
     pg.server.pause()
     try:
         async with asyncio.timeout(scaled(5)):
-            with pytest.raises(BackendUnavailable):
+            with pytest.raises(BackendUnavailable) as caught:
                 await lock.acquire()  # timeout=None: only the ttl bounds the try
     finally:
         pg.server.resume()
     assert not lock.held
+    assert f"127.0.0.1:{pg.server.port}" in str(caught.value)
     async with asyncio.timeout(scaled(5)), other.lock("mute") as lease:
         assert lease.token is not None
 

@@ -561,7 +561,7 @@ async def test_each_primitive_of_a_name_is_its_own_resource(any_harness: Harness
 async def test_a_read_joins_the_write_through_another_handle_of_the_name(any_harness: Harness) -> None:
     locks, other = any_harness.connect(ttl=TTL), any_harness.connect(ttl=TTL)
     async with locks.rw_lock("handles").write as lease:
-        async with locks.rw_lock("handles", ttl=scaled(2.0)).read as inner:
+        async with locks.rw_lock("handles", ttl=scaled(1.0)).read as inner:
             assert inner is lease and lease.hold_count == 2
         with pytest.raises(LockTimeout):
             await other.rw_lock("handles").read.acquire(timeout=0)

@@ -506,8 +506,9 @@ async def test_waiter_rereads_after_reconnect_when_the_release_was_missed(
 
 async def test_session_timeout_is_negotiated_and_the_lease_is_shorter(zookeeper_server: ZooKeeperServer) -> None:
     url = zookeeper_server.url
-    async with asynclock.connect(f"{url}?session_timeout=0.05", ttl=1) as short:
+    async with asynclock.connect(f"{url}?session_timeout=0.05") as short:
         backend = backend_of(short)
+        assert short.ttl == 0.05  # (the ttl follows the session timeout asked for)
         assert backend.session.timeout == pytest.approx(2 * zookeeper_server.tick_ms / 1000)  # clamped up
         assert backend.lease_time(1) < backend.session.timeout
     async with asynclock.connect(url, ttl=100) as long:

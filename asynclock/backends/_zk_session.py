@@ -26,7 +26,14 @@ the connection, the session and the watches are ours, because aiozk's own
 * ``close()`` could wait a whole session timeout and raw ``aiozk.exc`` errors
   leaked: here close is bounded and every error is ours
   (:class:`ZkError` is a ``LockError``, :class:`ZkConnectionLoss` a
-  ``BackendUnavailable``).
+  ``BackendUnavailable``, :class:`ZkRefused` a ``ConfigurationError``).
+
+The first connection is bounded by the caller's time, and gives up at once
+when every server refused the connection or has a name that does not
+resolve: then nothing keeps reconnecting in the background. A session that
+was established keeps reconnecting until it is closed (it may come back).
+Credentials (``auth``, e.g. ZooKeeper's ``digest`` scheme) are sent on every
+connection, right behind the ConnectRequest's answer.
 
 Liveness: ``confirmed_at`` is the send time (``loop.time()``) of the last
 request of this session that the server answered. The server cannot expire
@@ -43,8 +50,9 @@ import collections
 import contextlib
 import logging
 import random
+import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -54,10 +62,12 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
-from .._errors import BackendUnavailable, LockError
+from .._errors import BackendUnavailable, ConfigurationError, LockError
 
 __all__ = [
+    "CREATOR_ACL",
     "NODE_EXISTS",
+    "OPEN_ACL",
     "NO_NODE",
     "Request",
     "Stat",
@@ -69,6 +79,7 @@ __all__ = [
     "WatchCallback",
     "ZkConnectionLoss",
     "ZkError",
+    "ZkRefused",
     "ZkSession",
 ]
 
@@ -86,6 +97,11 @@ NODE_EXISTS = -110
 NOT_EMPTY = -111
 SESSION_EXPIRED = -112
 SESSION_MOVED = -118
+#: Refusals no retry fixes: the ACL does not let this client in, or its
+#: authentication failed.
+NO_AUTH = -102
+AUTH_FAILED = -115
+_REFUSALS = {NO_AUTH: "the ACL refuses this client", AUTH_FAILED: "authentication failed"}
 
 _EVENT_CREATED, _EVENT_DELETED, _EVENT_CHANGED, _EVENT_CHILDREN = 1, 2, 3, 4
 _STATE_EXPIRED = -112
@@ -112,6 +128,27 @@ class ZkError(LockError):
         self.code = code
         self.label = kind.__name__ if kind is not None else f"error {code}"
         super().__init__(f"ZooKeeper: {self.label}" + (f" ({path})" if path else ""))
+
+
+class ZkRefused(ZkError, ConfigurationError):
+    """ZooKeeper refused a request for this client's credentials or the node's ACL (NoAuth, AuthFailed).
+
+    No retry fixes it; the message names the server and the path, never a password.
+    """
+
+    def __init__(self, code: int, path: str = "", host: str = "") -> None:
+        super().__init__(code, path)
+        what = _REFUSALS.get(code, "refused")
+        where = f" {path}" if path else ""
+        self.args = (
+            f"ZooKeeper at {host or '?'} refused{where}: {self.label} ({what}; check the credentials,"
+            " zk://user:password@host/chroot, and the ACL of the chroot)",
+        )
+
+
+def _error(code: int, path: str, host: str) -> ZkError:
+    """The exception for an error reply ``code`` to a request on ``path`` from ``host``."""
+    return ZkRefused(code, path, host) if code in _REFUSALS else ZkError(code, path)
 
 
 class ZkConnectionLoss(BackendUnavailable):
@@ -151,7 +188,10 @@ def _ustring(value: str) -> bytes:
 
 
 #: one ACL: every permission (31) for world:anyone
-_OPEN_ACL = _INT.pack(1) + _INT.pack(31) + _ustring("world") + _ustring("anyone")
+OPEN_ACL = _INT.pack(1) + _INT.pack(31) + _ustring("world") + _ustring("anyone")
+#: one ACL: every permission for the identities the creating connection
+#: authenticated as (ZooKeeper's ``auth`` scheme; refused without credentials)
+CREATOR_ACL = _INT.pack(1) + _INT.pack(31) + _ustring("auth") + _ustring("")
 
 
 class Request:
@@ -167,9 +207,14 @@ class Request:
         return _HEADER.pack(xid, self.opcode) + self.body
 
 
-def create_request(path: str, flags: int, *, container: bool = False) -> Request:
-    """Create2 (or createContainer) of an empty node, open ACL; the reply carries the stat."""
-    body = _ustring(path) + _INT.pack(0) + _OPEN_ACL + _INT.pack(flags)
+def create_request(
+    path: str, flags: int, *, container: bool = False, data: bytes = b"", acl: bytes = OPEN_ACL
+) -> Request:
+    """Create2 (or createContainer) of a node holding ``data``; the reply carries the stat.
+
+    ``acl`` is a serialised ACL vector: :data:`OPEN_ACL` (default) or :data:`CREATOR_ACL`.
+    """
+    body = _ustring(path) + _INT.pack(len(data)) + data + acl + _INT.pack(flags)
     return Request(_OPCODE_CONTAINER if container else _OPCODE_CREATE2, body)
 
 
@@ -293,10 +338,13 @@ class ZkSession:
         on_connected: Callable[[], None] = lambda: None,
         on_expired: Callable[[int], None] = lambda sid: None,
         keepalive: Callable[[], bool] = lambda: True,
+        auth: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         if not hosts:
             raise ValueError("no ZooKeeper servers given")
         self.hosts = list(hosts)
+        #: (scheme, credentials) sent on every connection, e.g. ("digest", b"user:password")
+        self._auth = list(auth)
         self.requested_timeout = timeout
         self.on_connected = on_connected
         self.on_expired = on_expired
@@ -317,6 +365,13 @@ class ZkSession:
         self._closed = False
         self._closing = False
         self._next_host = random.randrange(len(self.hosts))
+        #: whether a session was ever established (then it keeps reconnecting)
+        self._established = False
+        #: why the first connection was given up (every server refused or unknown)
+        self._unreachable: str | None = None
+        #: "host:port" -> why the last attempt to it failed
+        self._causes: dict[str, str] = {}
+        self._last_host = ""
 
     # -- life cycle ------------------------------------------------------------
 
@@ -329,12 +384,52 @@ class ZkSession:
         """Changes with every new connection (watches belong to one connection)."""
         return self._conn_seq
 
+    @property
+    def address(self) -> str:
+        """The server of the current connection (else the last one used, else every server)."""
+        conn = self._conn
+        if conn is not None:
+            return conn.host
+        return self._last_host or self._servers()
+
     async def start(self, timeout: float) -> None:
-        """Connect (bounded by ``timeout``); BackendUnavailable if no server answered."""
+        """Connect (bounded by ``timeout``); BackendUnavailable if no server answered.
+
+        Until a first connection is made, the attempts end with this call: when
+        ``timeout`` has passed, or at once when every server refused the
+        connection or has a name that does not resolve; the message names each
+        server and why. A session that was established keeps reconnecting in
+        the background until it is closed.
+        """
+        if self._closed:
+            raise ZkConnectionLoss("the ZooKeeper session is closed")
         if self._runner is None:
-            # it keeps trying in the background if this caller gives up; close() stops it
+            self._unreachable = None
+            self._causes.clear()
+            self._connected.clear()
             self._runner = asyncio.get_running_loop().create_task(self._run(), name="asynclock-zookeeper-session")
-        await self.wait_connected(timeout)
+        try:
+            await self.wait_connected(timeout)
+        except BaseException as exc:
+            if self._established or self._closed:
+                raise
+            # Never connected (out of time, every server refused, or the caller
+            # was cancelled): stop trying, so that nothing reconnects behind the
+            # caller's back; the next call starts again.
+            runner, self._runner = self._runner, None
+            if runner is not None and not runner.done():
+                runner.cancel()
+                if isinstance(exc, ZkConnectionLoss):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await runner
+            if not isinstance(exc, ZkConnectionLoss):
+                raise
+            reason = self._unreachable
+            if reason is None:
+                for host, port in self.hosts:  # (an attempt still under way when the time ran out)
+                    self._causes.setdefault(f"{host}:{port}", f"timed out after {timeout:.3g} s")
+                reason = f"no ZooKeeper server answered within {timeout:.3g} s: {self._describe_causes()}"
+            raise ZkConnectionLoss(reason) from exc.__cause__
 
     async def wait_connected(self, timeout: float | None = None) -> None:
         """Return once connected; ZkConnectionLoss after ``timeout`` seconds."""
@@ -349,6 +444,8 @@ class ZkSession:
             raise ZkConnectionLoss(f"no ZooKeeper server of {self._servers()} answered within {timeout:.3g}s") from None
         if self._closed:
             raise ZkConnectionLoss("the ZooKeeper session is closed")
+        if self._unreachable is not None and not self.connected:
+            raise ZkConnectionLoss(self._unreachable)
 
     async def close(self, timeout: float) -> None:
         """Close the session (its ephemeral nodes go at once), bounded by ``timeout``."""
@@ -442,17 +539,27 @@ class ZkSession:
     def _servers(self) -> str:
         return ",".join(f"{h}:{p}" for h, p in self.hosts)
 
+    def _describe_causes(self) -> str:
+        return "; ".join(f"{where}: {cause}" for where, cause in self._causes.items())
+
     async def _run(self) -> None:
         failures = 0
         while not self._closed and not self._closing:
-            conn = await self._connect_round()
+            conn, definitive = await self._connect_round()
             if conn is None:
+                if definitive and not self._established:
+                    # Every server refused, or has no address: waiting cannot help.
+                    self._unreachable = f"no ZooKeeper server could be reached: {self._describe_causes()}"
+                    self._connected.set()  # wake the caller of start(), which sees why
+                    return
                 failures += 1
                 pause = min(_MAX_ROUND_PAUSE, 0.02 * 2 ** min(failures, 8))
                 await asyncio.sleep(pause * random.uniform(0.5, 1.0))
                 continue
             failures = 0
+            self._established = True
             self._conn = conn
+            self._last_host = conn.host
             self._connected.set()
             try:
                 self.on_connected()
@@ -467,23 +574,36 @@ class ZkSession:
                 with contextlib.suppress(asyncio.CancelledError):
                     await monitor
 
-    async def _connect_round(self) -> _Conn | None:
-        """Try each server once, starting with the next in turn; None if none answered."""
+    async def _connect_round(self) -> tuple[_Conn | None, bool]:
+        """Try each server once, starting with the next in turn.
+
+        Returns the connection, or None and whether every server's answer was
+        definitive (connection refused, name not resolved).
+        """
         budget = max(0.2, min(self.timeout / len(self.hosts), 2.0))
+        definitive = True
         for _ in range(len(self.hosts)):
             host, port = self.hosts[self._next_host]
             self._next_host = (self._next_host + 1) % len(self.hosts)
+            where = f"{host}:{port}"
             try:
                 conn = await self._open(host, port, budget)
             except (OSError, TimeoutError, EOFError, asyncio.IncompleteReadError, struct.error) as exc:
                 logger.debug("ZooKeeper %s:%d: %r", host, port, exc)
+                self._causes[where] = _cause(exc, budget)
+                definitive = definitive and isinstance(exc, (socket.gaierror, ConnectionRefusedError))
                 continue
-            except Exception:  # a garbled answer: try the next server, never stop reconnecting
+            except Exception as exc:  # a garbled answer: try the next server, never stop reconnecting
                 logger.exception("ZooKeeper %s:%d: unexpected answer to the connect request", host, port)
+                self._causes[where] = f"unexpected answer: {exc!r}"
+                definitive = False
                 continue
             if conn is not None:
-                return conn
-        return None
+                self._causes.clear()
+                return conn, False
+            self._causes[where] = "refused to start a session"
+            definitive = False
+        return None, definitive
 
     async def _open(self, host: str, port: int, budget: float) -> _Conn | None:
         loop = asyncio.get_running_loop()
@@ -526,6 +646,11 @@ class ZkSession:
             self.reconnects += 1
             self.confirmed_at = max(self.confirmed_at, sent)
         self.timeout = answer.timeout / 1000
+        for scheme, credentials in self._auth:
+            # Answered in order, before any request of ours: the server
+            # applies the credentials to everything sent after them.
+            auth = protocol.AuthRequest(type=0, scheme=scheme, auth=credentials).serialize(_AUTH_XID)
+            writer.write(_SIZE.pack(len(auth)) + auth)
         self._conn_seq += 1
         now = loop.time()
         logger.debug("ZooKeeper session %#x on %s:%d, timeout %.3fs", self.session_id, host, port, self.timeout)
@@ -593,13 +718,13 @@ class ZkSession:
                 return
             if code != SESSION_MOVED:
                 self.confirmed_at = max(self.confirmed_at, pending.sent_at)
-            self._answer(pending, code, body)
+            self._answer(pending, code, body, conn.host)
 
-    def _answer(self, pending: _Pending, code: int, body: bytes) -> None:
+    def _answer(self, pending: _Pending, code: int, body: bytes, host: str) -> None:
         future = pending.future
         if code:
             if not future.done():
-                future.set_exception(ZkError(code, pending.path))
+                future.set_exception(_error(code, pending.path, host))
                 future.exception()  # retrieved: callers may have gone
             return
         if pending.watch is not None:
@@ -681,6 +806,19 @@ class ZkSession:
         for callbacks in watches.values():
             for callback in callbacks:
                 _run_callback(callback, "disconnected")
+
+
+def _cause(exc: BaseException, budget: float) -> str:
+    """Why a connection attempt failed, in a few words."""
+    if isinstance(exc, socket.gaierror):
+        return "name not resolved"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return f"timed out after {budget:.3g} s"
+    if isinstance(exc, (EOFError, asyncio.IncompleteReadError)):
+        return "closed the connection before answering"
+    return str(exc) or type(exc).__name__
 
 
 def _run_callback(callback: WatchCallback, what: str) -> None:

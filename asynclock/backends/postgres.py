@@ -69,7 +69,11 @@ More primitives, on the same connections and the same lock manager:
   release NOTIFYs it, or after at most min(ttl/3, 1 s) when no message came
   (a holder that died sends none). Only the head ever retries, so a release
   wakes one waiter per semaphore, and every permit has its own token from the
-  semaphore's counter.
+  semaphore's counter. Every client of a semaphore must ask for the same
+  number of permits: the fence row records the holders' number, each hold
+  takes a key of its number shared, and a client that asks for another
+  number while that key is taken gets ValueError from its acquire, before it
+  waits (see ``_check_permits``).
 
 Connections: with a URL asynclock opens its own pool, ``max_leases`` (default
 50) connections for holds and waiters plus one for ``info`` and probes, so
@@ -86,6 +90,13 @@ before it goes back to the pool, so a lock taken again at once needs no pool
 hand-over. Session locks need a real session: do not put a
 transaction-pooling PgBouncer between asynclock and PostgreSQL.
 
+Errors: what the server refuses for good (a password, a role or database
+that does not exist, permission denied on the fence table or its schema, an
+unknown server setting, a TLS certificate) raises ConfigurationError at once,
+quoting the server; a server that cannot be reached raises
+BackendUnavailable naming the address and why (connection refused, name not
+resolved, timed out after the connect timeout). No message names a password.
+
 What it does not survive: advisory locks live in the primary's memory and are
 not replicated. After a failover the new primary knows no locks, while a
 holder still connected to an old primary that keeps running believes it holds
@@ -99,28 +110,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import hashlib
 import inspect
 import logging
 import math
+import re
+import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 try:
     import asyncpg
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the PostgreSQL backend needs asyncpg: pip install 'asynclock[postgres]'") from exc
 
-from .._errors import BackendUnavailable, LockError
+from .._errors import BackendUnavailable, ConfigurationError, LockError
 from .._legacy import LOCK, Shape
 from .._legacy import LegacyBackend as Backend
 from .._legacy import legacy_unsupported as unsupported
-from .._options import DEFAULT_CONNECT_TIMEOUT
+from .._options import DEFAULT_CONNECT_TIMEOUT, mask_text, query_names, reject_unknown, take_query
 from .._values import LockInfo
 from ..abc import Acquired, BackendHooks, Busy, RenewItem
 
@@ -163,6 +178,124 @@ _CLIENT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 
+#: asynclock's own options (``ttl``, ``prefix`` and ``connect_timeout`` are read
+#: by ``connect()``, ``table`` and ``max_leases`` here).
+OWN_OPTIONS = frozenset({"ttl", "prefix", "connect_timeout", "table", "max_leases"})
+#: The URL query parameters asyncpg reads itself; it sends every other one to
+#: the server as a setting (``?application_name=app&search_path=s``), which the
+#: server refuses (ConfigurationError) if it does not know it.
+DSN_PARAMETERS = frozenset(
+    {
+        "host",
+        "port",
+        "user",
+        "password",
+        "passfile",
+        "dbname",
+        "database",
+        "service",
+        "sslmode",
+        "sslcert",
+        "sslkey",
+        "sslrootcert",
+        "sslcrl",
+        "sslpassword",
+        "sslnegotiation",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "target_session_attrs",
+        "krbsrvname",
+        "gsslib",
+    }
+)
+#: Pool sizes asynclock chooses itself (``max_leases=`` sizes the pool).
+_SIZES = frozenset({"min_size", "max_size", "init_size"})
+#: What a server setting's name looks like (``search_path``, ``myapp.tenant``).
+_SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)*$")
+
+
+@functools.cache
+def keyword_options() -> frozenset[str]:
+    """The keyword options of a ``postgresql://`` client: asynclock's own and those of
+    ``asyncpg.create_pool`` and ``asyncpg.connect`` (from their signatures), less what
+    asynclock chooses itself (the DSN, the pool's sizes, the loop)."""
+    names = set(OWN_OPTIONS)
+    for function in (asyncpg.create_pool, asyncpg.connect):
+        for parameter in inspect.signature(function).parameters.values():
+            if parameter.kind is not inspect.Parameter.VAR_KEYWORD:
+                names.add(parameter.name)
+    return frozenset(names - _SIZES - {"dsn", "loop"})
+
+
+def _edits(a: str, b: str) -> int:
+    """Edits (insert, delete, replace, swap two neighbours) from ``a`` to ``b``."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        current = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                current[j] = min(current[j], previous2[j - 2] + 1)
+        previous2, previous = previous, current
+    return previous[-1]
+
+
+def _typo(name: str, valid: frozenset[str]) -> bool:
+    """Whether a URL query parameter that is no option of ours or asyncpg's is a typo of one.
+
+    Such a parameter would go to the server as a setting; it is refused here
+    when it is no setting's name, or one or two edits away from a valid
+    option (one for short names). No PostgreSQL setting is that close to one
+    of these names, so real settings pass.
+    """
+    if not _SETTING_NAME.match(name):
+        return True
+    reach = 1 if len(name) <= 4 else 2
+    return any(_edits(name.lower(), option) <= reach for option in valid)
+
+
+def _dsn_address(dsn: str) -> str:
+    """The servers a DSN names (``host:port``, several with commas), without user or password."""
+    try:
+        parts = urlsplit(dsn)
+        hosts = parts.netloc.rpartition("@")[2]
+        if not hosts:
+            query = dict(parse_qsl(parts.query))
+            hosts = query.get("host", "") + (f":{query['port']}" if "port" in query else "")
+    except ValueError:
+        return "?"
+    return hosts or "localhost"
+
+
+def _dsn_secrets(dsn: str | None, options: dict[str, Any]) -> list[str]:
+    """The passwords a DSN and connect options carry (never to be shown)."""
+    found = []
+    password = options.get("password")
+    if isinstance(password, str):
+        found.append(password)
+    if dsn:
+        with contextlib.suppress(ValueError):
+            parts = urlsplit(dsn)
+            if parts.password:
+                found += [parts.password, unquote(parts.password)]
+            found += [value for key, value in parse_qsl(parts.query) if key in ("password", "sslpassword")]
+    return [secret for secret in found if secret]
+
+
+def _pool_address(pool: Any) -> tuple[str, list[str]]:
+    """The address a given pool connects to, and its passwords, as far as asyncpg tells."""
+    args = getattr(pool, "_connect_args", None) or [None]
+    kwargs = dict(getattr(pool, "_connect_kwargs", None) or {})
+    dsn = args[0] if isinstance(args[0], str) else None
+    secrets = _dsn_secrets(dsn, kwargs)
+    host, port = kwargs.get("host"), kwargs.get("port")
+    if isinstance(host, str) and host:
+        return (f"{host}:{port}" if port else host), secrets
+    return (_dsn_address(dsn) if dsn else "the pool's server"), secrets
+
+
 #: Fence rows of the read-write lock and the semaphore start with a byte that
 #: no UTF-8 text starts with, so they never meet a plain lock's row.
 _RW_ROW = b"\xffrw\0"
@@ -170,6 +303,9 @@ _SEM_ROW = b"\xffsem\0"
 #: The fence table's epoch row: there from the table's creation until a crash
 #: empties the (unlogged) table; see ``_create_table``.
 _EPOCH_ROW = b"\xffepoch\0"
+#: A semaphore's fence row records the permits of its holders in ``k1`` when
+#: ``k2`` is this mark (rows of earlier versions hold the gate's key there).
+_PERMITS_MARK = -1
 
 
 def _digest_key(person: bytes, data: bytes) -> Key:
@@ -198,6 +334,15 @@ def gate_key(prefix: str, name: str) -> Key:
 def slot_key(prefix: str, name: str, slot: int) -> Key:
     """The advisory key of permit ``slot`` (0 to permits-1) of the semaphore ``name``."""
     return _digest_key(b"asynclock-slot", f"{prefix}\0{name}".encode() + struct.pack(">I", slot))
+
+
+def permits_key(prefix: str, name: str, permits: int) -> Key:
+    """The advisory key every hold of the semaphore ``name`` takes shared while it holds with ``permits``.
+
+    A client that asks for another number finds out whether anybody still
+    holds with the recorded one by trying this key exclusively.
+    """
+    return _digest_key(b"asynclock-perm", f"{prefix}\0{name}".encode() + struct.pack(">I", permits))
 
 
 @functools.lru_cache(maxsize=256)
@@ -231,39 +376,91 @@ def _ms(seconds: float) -> str:
     return str(max(1, math.ceil(seconds * 1000)))
 
 
-def _translate(exc: BaseException) -> BaseException:
-    """Map asyncpg (and socket) errors onto ours; the caller keeps the original as ``__cause__``."""
-    if isinstance(exc, LockError):
-        return exc
-    if isinstance(exc, asyncpg.ClientConfigurationError):
-        return ValueError(f"bad PostgreSQL connection settings: {exc}")
-    if isinstance(
-        exc,
-        (
-            asyncpg.PostgresConnectionError,
-            asyncpg.InterfaceError,
-            asyncpg.InternalClientError,
-            asyncpg.CannotConnectNowError,
-            asyncpg.TooManyConnectionsError,
-            asyncpg.AdminShutdownError,
-            asyncpg.CrashShutdownError,
-            OSError,
-            TimeoutError,
-        ),
+#: Server errors that no retry fixes: the server refused this client's configuration.
+_REFUSED: tuple[type[BaseException], ...] = (
+    asyncpg.InvalidAuthorizationSpecificationError,  # 28000: no such role, pg_hba.conf; 28P01: password
+    asyncpg.InvalidCatalogNameError,  # 3D000: no such database
+    asyncpg.InsufficientPrivilegeError,  # 42501: permission denied (the fence table, its schema)
+    asyncpg.InvalidSchemaNameError,  # 3F000: table= names a schema that does not exist
+    asyncpg.UndefinedObjectError,  # 42704: e.g. an unknown server setting in the URL
+    asyncpg.CantChangeRuntimeParamError,  # 55P02: a server setting that cannot be set per session
+    asyncpg.InvalidParameterValueError,  # 22023: a bad value for a server setting
+)
+
+
+def _cause(exc: BaseException) -> str:
+    """Why a request or a connection attempt failed, in a few words."""
+    if isinstance(exc, socket.gaierror):
+        return "name not resolved"
+    if isinstance(exc, ConnectionRefusedError) or (
+        # (asyncio's "Multiple exceptions" of a name with several addresses)
+        isinstance(exc, OSError) and exc.errno is None and f"[Errno {errno.ECONNREFUSED}]" in str(exc)
     ):
-        return BackendUnavailable(f"PostgreSQL did not answer: {exc!r}")
-    if isinstance(exc, asyncpg.PostgresError):
-        return LockError(f"PostgreSQL error: {exc!r}")
-    return exc
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _hint(exc: BaseException, table: str) -> str:
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return (
+            f" (this role needs SELECT, INSERT and UPDATE on the fence table {table}, and CREATE on its"
+            " schema while the table does not exist; table= chooses another)"
+        )
+    return ""
 
 
 class _Edge:
     """Translate client errors at the backend's edge (nothing of asyncpg leaks out).
 
-    ``with _EDGE:`` (around awaits too) on the hot paths, where an async
+    ``with self._edge:`` (around awaits too) on the hot paths, where an async
     generator would cost a frame and a loop hook per request; ``async with
-    _EDGE, ...`` where it is combined with other async context managers.
+    self._edge, ...`` where it is combined with other async context managers.
+    Messages name the server's address and never a password.
     """
+
+    __slots__ = ("address", "secrets", "table")
+
+    def __init__(self, address: str = "?", secrets: Sequence[str] = (), table: str = "") -> None:
+        self.address = address
+        self.secrets = tuple(secrets)
+        self.table = table
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """Map asyncpg (and socket) errors onto ours; the caller keeps the original as ``__cause__``."""
+        if isinstance(exc, LockError):
+            return exc
+        where = f"PostgreSQL at {self.address}"
+        if isinstance(exc, _REFUSED):
+            return ConfigurationError(self.mask(f"{where} refused: {exc}{_hint(exc, self.table)}"))
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return ConfigurationError(self.mask(f"{where}: TLS certificate refused: {exc.verify_message or exc}"))
+        if isinstance(exc, asyncpg.ClientConfigurationError):
+            return ConfigurationError(self.mask(f"bad connection settings for {where}: {exc}"))
+        if isinstance(
+            exc,
+            (
+                asyncpg.PostgresConnectionError,
+                asyncpg.InterfaceError,
+                asyncpg.InternalClientError,
+                asyncpg.CannotConnectNowError,
+                asyncpg.TooManyConnectionsError,
+                asyncpg.AdminShutdownError,
+                asyncpg.CrashShutdownError,
+                OSError,
+                TimeoutError,
+            ),
+        ):
+            return BackendUnavailable(self.mask(f"{where}: {_cause(exc)}"))
+        if isinstance(exc, asyncpg.PostgresError):
+            return LockError(self.mask(f"{where}: {exc!r}"))
+        return exc
+
+    def mask(self, text: str) -> str:
+        return mask_text(text, self.secrets)
 
     def __enter__(self) -> None:
         return None
@@ -273,7 +470,7 @@ class _Edge:
     ) -> None:
         if exc is None or not isinstance(exc, _CLIENT_ERRORS):
             return
-        translated = _translate(exc)
+        translated = self.translate(exc)
         if translated is not exc:
             raise translated from exc
 
@@ -284,9 +481,6 @@ class _Edge:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.__exit__(exc_type, exc, tb)
-
-
-_EDGE = _Edge()
 
 
 def _is_closed(conn: Any) -> bool:
@@ -372,6 +566,11 @@ class PostgresBackend:
         self._pool_options.setdefault("timeout", connect_timeout)
         self._prefix = prefix
         self._table = table if table is not None else f"{prefix}_fence"
+        if pool is None:
+            address, secrets = _dsn_address(dsn or ""), _dsn_secrets(dsn, self._pool_options)
+        else:
+            address, secrets = _pool_address(pool)
+        self._edge = _Edge(address, secrets, self._table)
         if max_leases is None:
             max_leases = DEFAULT_MAX_LEASES if pool is None else max(1, pool.get_max_size() // 2)
         self._max_leases = max_leases
@@ -427,22 +626,35 @@ class PostgresBackend:
         """A backend with its own pool for ``url`` (closed by ``aclose``).
 
         ``options`` go to ``asyncpg.create_pool`` (e.g. ``password=``, ``ssl=``).
+        URL query parameters: asynclock's own (``table``, ``max_leases``),
+        those asyncpg reads (:data:`DSN_PARAMETERS`: ``sslmode``, ``user``, …),
+        and server settings, which asyncpg sends to the server
+        (``?application_name=app``). A parameter that is none of these but
+        looks like a typo of an option (``?max_lease=3``) raises ValueError
+        here, before any I/O, naming the closest; so does an unknown keyword
+        option. A setting the server does not know fails when connecting,
+        with ConfigurationError.
         """
-        # asyncpg would send unknown query parameters to the server as settings:
-        # take ours out first.
-        parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        max_leases = query.pop("max_leases", max_leases)
-        table = query.pop("table", table)
-        url = urlunsplit(parts._replace(query=urlencode(query)))
+        for own in _SIZES:
+            if own in options:
+                raise ValueError(f"{own} is chosen by asynclock; use max_leases= to size the pool")
+        valid_query = OWN_OPTIONS | DSN_PARAMETERS
+        for name in query_names(url):
+            if name not in valid_query and _typo(name, valid_query):
+                reject_unknown(
+                    [name], valid_query, "postgresql:// (other query parameters go to the server as settings)"
+                )
+        reject_unknown(options, keyword_options(), "postgresql://")
+        # asyncpg would send our query parameters to the server as settings:
+        # take them out first.
+        url, query = take_query(url, {"table", "max_leases"})
+        max_leases = query.get("max_leases", max_leases)
+        table = query.get("table", table)
         if isinstance(max_leases, str):
             try:
                 max_leases = int(max_leases)
             except ValueError as exc:
                 raise ValueError(f"bad max_leases: {max_leases!r}") from exc
-        for own in ("min_size", "max_size"):
-            if own in options:
-                raise ValueError(f"{own} is chosen by asynclock; use max_leases= to size the pool")
         return cls(
             dsn=url,
             prefix=prefix,
@@ -451,6 +663,22 @@ class PostgresBackend:
             pool_options=options,
             connect_timeout=connect_timeout,
         )
+
+    @classmethod
+    def from_pool(
+        cls,
+        pool: Any,
+        *,
+        prefix: str = "asynclock",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: Any,
+    ) -> PostgresBackend:
+        """A backend on a given ``asyncpg.Pool`` (not closed by ``aclose``).
+
+        Options: ``table=``, ``max_leases=``; any other raises ValueError naming them.
+        """
+        reject_unknown(options, {"ttl", "prefix", "connect_timeout", "table", "max_leases"}, "an asyncpg pool")
+        return cls(pool, prefix=prefix, connect_timeout=connect_timeout, **options)
 
     @property
     def pool(self) -> Any:
@@ -525,9 +753,9 @@ class PostgresBackend:
                 # are given back; the pool's RESET ALL round trip is not needed.
                 options.setdefault("reset", _no_reset)
             options["init"] = _with_check_interval(options.get("init"))
-            async with _EDGE, asyncio.timeout(ADMIN_TIMEOUT):
+            async with self._edge, asyncio.timeout(ADMIN_TIMEOUT):
                 self._pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=self._max_leases + 1, **options)
-        async with _EDGE, self._borrow(ADMIN_TIMEOUT) as conn:
+        async with self._edge, self._borrow(ADMIN_TIMEOUT) as conn:
             version = int(await conn.fetchval("SELECT current_setting('server_version_num')"))
             self._pg14 = version >= 140000
             await self._create_table(conn)
@@ -614,15 +842,19 @@ class PostgresBackend:
             self._sql[f"wait_{side}"] = lock_template.replace("{lead}", lead).replace("{lock}", wait_lock)
 
         # Semaphore slots. $1, $2 the gate key; $3, $4 the slot keys (int4[]
-        # each); $5 fence row; $6 application_name; $7 idle_session_timeout;
-        # $8 lock_timeout.
-        # Returns (slot, token): the first free slot, locked, or NULL. A
+        # each: their number is the permits); $5 fence row; $6
+        # application_name; $7 idle_session_timeout; $8, $9 the permits key;
+        # $10 lock_timeout.
+        # Returns (slot, token, permits, mark): the first free slot, locked, or
+        # NULL, and the permits the fence row records (see _check_permits). A
         # newcomer takes the gate shared for the statement's length, so it
         # fails while anybody waits (they hold or queue for it exclusively);
         # the head waiter holds the gate and lets it go with the slot it got.
+        # A hold takes the permits key shared; the row records the permits
+        # when it is made, and later only through _check_permits.
         sem_template = f"""
             WITH gate AS MATERIALIZED (
-                SELECT set_config('lock_timeout', $8, true) AS lt, {{gate}} AS open
+                SELECT set_config('lock_timeout', $10, true) AS lt, {{gate}} AS open
             ), slot AS MATERIALIZED (
                 SELECT t.n FROM gate, unnest($3::int4[], $4::int4[]) WITH ORDINALITY AS t(k1, k2, n)
                 WHERE CASE WHEN gate.open THEN pg_try_advisory_lock(t.k1, t.k2) ELSE false END
@@ -632,11 +864,22 @@ class PostgresBackend:
             ), shut AS MATERIALIZED (
                 SELECT {{shut}} AS done FROM got WHERE {{shut_when}}
             ), cfg AS MATERIALIZED (
-                SELECT {before}, set_config('application_name', $6, false) AS app, {idle(7)} AS idle
+                SELECT {before}, set_config('application_name', $6, false) AS app, {idle(7)} AS idle,
+                       pg_advisory_lock_shared($8::int4, $9::int4) AS mine
                 FROM got WHERE n IS NOT NULL
-            ), {fence(5, "got", "n IS NOT NULL")}
+            ), fence AS (
+                INSERT INTO {table} AS f (name, k1, k2, value)
+                SELECT $5::bytea, cardinality($3::int4[]), {_PERMITS_MARK}, {first} FROM got WHERE n IS NOT NULL
+                ON CONFLICT (name) DO UPDATE SET value = f.value + 1
+                RETURNING f.value, f.k1, f.k2
+            ), known AS MATERIALIZED (
+                SELECT k1, k2 FROM fence
+                UNION ALL
+                SELECT r.k1, r.k2 FROM {table} r, got WHERE got.n IS NULL AND r.name = $5::bytea
+            )
             SELECT (SELECT n FROM got) AS slot, (SELECT value FROM fence) AS token, {restore},
-                   (SELECT count(*) FROM shut) AS shut
+                   (SELECT count(*) FROM shut) AS shut,
+                   (SELECT k1 FROM known) AS permits, (SELECT k2 FROM known) AS mark
         """
         self._sql["sem_try"] = (
             sem_template.replace("{gate}", "pg_try_advisory_lock_shared($1::int4, $2::int4)")
@@ -774,10 +1017,15 @@ class PostgresBackend:
         loop = asyncio.get_running_loop()
         gate = gate_key(self._prefix, name)
         highs, lows = _slot_arrays(self._prefix, name, shape.permits)
-        args = (gate[0], gate[1], highs, lows, self._row(shape, name), self._app_name(name, hold), _ms(ttl))
+        mine = permits_key(self._prefix, name, shape.permits)
+        fence_row = self._row(shape, name)
+        args = (gate[0], gate[1], highs, lows, fence_row, self._app_name(name, hold), _ms(ttl), mine[0], mine[1])
         attempt.notify = _channel(self._prefix, name)
         sent = loop.time()
         row = await self._try(conn, self._sql["sem_try"], ttl, deadline, attempt, *args)
+        if row is not None:
+            # (before any wait: a client with another number never queues)
+            await self._check_permits(conn, name, shape.permits, fence_row, row, ttl)
         if row is not None and row["slot"] is not None:
             attempt.before = (row["app0"], row["idle0"])
             return Acquired(int(row["token"]), confirmed_at=sent)
@@ -793,7 +1041,7 @@ class PostgresBackend:
 
         attempt.dirty = True
         attempt.listener = on_release
-        async with _EDGE, asyncio.timeout_at(loop.time() + ttl):
+        async with self._edge, asyncio.timeout_at(loop.time() + ttl):
             await conn.add_listener(attempt.notify, on_release)
         lock_timeout = "0" if deadline is None else _ms(max(deadline - loop.time(), 0.001))
         row = await self._wait(conn, ttl, deadline, self._sql["sem_gate"], gate[0], gate[1], lock_timeout, _ms(ttl))
@@ -806,12 +1054,13 @@ class PostgresBackend:
             sent = loop.time()
             # Only a fence row held elsewhere makes it wait: up to the deadline.
             lock_timeout = "0" if deadline is None else _ms(max(deadline - sent, 0.001))
-            async with _EDGE, asyncio.timeout_at(sent + ttl):
+            async with self._edge, asyncio.timeout_at(sent + ttl):
                 try:
                     row = await conn.fetchrow(self._sql["sem_head"], *args, lock_timeout)
                 except asyncpg.LockNotAvailableError:
                     return None  # out of time (the clean-up unlocks whatever it got)
             if row["slot"] is not None:
+                await self._check_permits(conn, name, shape.permits, fence_row, row, ttl)
                 attempt.before = (row["app0"], row["idle0"])
                 return Acquired(int(row["token"]), confirmed_at=sent)
             now = loop.time()
@@ -821,6 +1070,45 @@ class PostgresBackend:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
                     await released.wait()
+
+    async def _check_permits(self, conn: Any, name: str, permits: int, fence_row: bytes, row: Any, ttl: float) -> None:
+        """ValueError if the semaphore ``name`` is held with another number of permits than ``permits``.
+
+        ``row`` is the answer of a semaphore statement: the permits its fence
+        row records. Every hold takes :func:`permits_key` of its number
+        shared, so a number is in use while that key cannot be taken
+        exclusively. The record changes only when it differs from ours and
+        its number is no longer in use (a client of the new number holds a
+        slot by then), under the row's lock, so two clients that disagree
+        never both hold. Costs nothing while the record matches.
+        """
+        if row["permits"] == permits and row["mark"] == _PERMITS_MARK:
+            return
+        if row["permits"] is None:
+            return  # nothing recorded yet: the first hold records it
+        table = _table_sql(self._table)
+        granted = row["slot"] is not None
+        async with self._edge, asyncio.timeout(ttl), conn.transaction():
+            current = await conn.fetchrow(f"SELECT k1, k2 FROM {table} WHERE name = $1 FOR UPDATE", fence_row)
+            if current is None or (current["k1"] == permits and current["k2"] == _PERMITS_MARK):
+                return
+            if current["k2"] == _PERMITS_MARK:  # (else a row of an earlier version: no number to check)
+                theirs = int(current["k1"])
+                key = permits_key(self._prefix, name, theirs)
+                in_use = await conn.fetchval(
+                    "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4)"
+                    " THEN NOT pg_advisory_unlock($1::int4, $2::int4) ELSE true END",
+                    *key,
+                )
+                if in_use:
+                    raise ValueError(
+                        f"semaphore {name!r} is held with permits={theirs} by other clients; this one asks for"
+                        f" permits={permits}: every client of a semaphore must use the same number"
+                    )
+            if granted:
+                await conn.execute(
+                    f"UPDATE {table} SET k1 = $2, k2 = {_PERMITS_MARK} WHERE name = $1", fence_row, permits
+                )
 
     async def _try(self, conn: Any, sql: str, ttl: float, deadline: float | None, attempt: _Attempt, *args: Any) -> Any:
         """Run a try statement: its row, or None when it waited for a fence row past ``lock_timeout``.
@@ -835,7 +1123,7 @@ class PostgresBackend:
         sent = loop.time()
         window = min(ttl / 3, 1.0) if deadline is None or deadline <= sent else deadline - sent
         attempt.dirty = True
-        with _EDGE:
+        with self._edge:
             try:
                 self._bound(conn, sent + ttl)
                 try:
@@ -867,7 +1155,7 @@ class PostgresBackend:
             return
         attempt.dirty = True
         attempt.reset_check = True
-        async with _EDGE, asyncio.timeout_at(asyncio.get_running_loop().time() + ttl):
+        async with self._edge, asyncio.timeout_at(asyncio.get_running_loop().time() + ttl):
             await conn.execute(f"SET client_connection_check_interval = {CHECK_INTERVAL_MS}")
 
     async def _confirm(self, conn: Any, ttl: float, token: int, sent: float) -> Acquired:
@@ -878,7 +1166,7 @@ class PostgresBackend:
             # A long wait: the grant's own send time is too old to count the
             # lease from. One ping on the lease connection, sent now, proves it.
             confirmed = loop.time()
-            async with _EDGE, asyncio.timeout_at(confirmed + ttl):
+            async with self._edge, asyncio.timeout_at(confirmed + ttl):
                 await conn.fetchval("SELECT 1")
         return Acquired(token, confirmed_at=confirmed)
 
@@ -901,7 +1189,9 @@ class PostgresBackend:
         if _is_closed(conn):
             with contextlib.suppress(asyncpg.InterfaceError):
                 conn.remove_termination_listener(on_close)
-            raise BackendUnavailable("the PostgreSQL connection closed right after the lock was granted")
+            raise BackendUnavailable(
+                f"PostgreSQL at {self._edge.address}: the connection closed right after the lock was granted"
+            )
         self._holds[hold] = record
 
     async def _wait(self, conn: Any, ttl: float, deadline: float | None, sql: str, *args: Any) -> Any:
@@ -926,12 +1216,16 @@ class PostgresBackend:
                 if done:
                     if isinstance(task.exception(), asyncpg.LockNotAvailableError):
                         return None  # lock_timeout: the server gave up waiting
-                    with _EDGE:
+                    with self._edge:
                         return task.result()
                 if deadline is not None and loop.time() >= deadline + grace:
-                    raise BackendUnavailable("PostgreSQL did not answer within the acquire timeout")
+                    raise BackendUnavailable(
+                        f"PostgreSQL at {self._edge.address}: no answer within the acquire timeout"
+                    )
                 if not await self._server_alive(ttl):
-                    raise BackendUnavailable("PostgreSQL stopped answering while the lock was awaited")
+                    raise BackendUnavailable(
+                        f"PostgreSQL at {self._edge.address}: stopped answering while the lock was awaited"
+                    )
         finally:
             if not task.done():
                 # asyncpg sends a CancelRequest; the next statement on this
@@ -1163,7 +1457,7 @@ class PostgresBackend:
         except _CLIENT_ERRORS as exc:
             if record.lost or _is_closed(record.conn):
                 return False
-            translated = _translate(exc)
+            translated = self._edge.translate(exc)
             translated.__cause__ = exc
             return translated
         return not record.lost
@@ -1198,7 +1492,7 @@ class PostgresBackend:
             ORDER BY l.pid
         """
         fence = f"SELECT value FROM {_table_sql(self._table)} WHERE name = $1"
-        async with _EDGE, self._borrow(ADMIN_TIMEOUT) as conn:
+        async with self._edge, self._borrow(ADMIN_TIMEOUT) as conn:
             rows = await conn.fetch(
                 sql,
                 main[0] & 0xFFFFFFFF,
@@ -1261,7 +1555,7 @@ class PostgresBackend:
             )
             ORDER BY f.name
         """
-        async with _EDGE, self._borrow(ADMIN_TIMEOUT) as conn:
+        async with self._edge, self._borrow(ADMIN_TIMEOUT) as conn:
             rows = await conn.fetch(sql)
         return [bytes(row["name"]).decode() for row in rows]
 
@@ -1316,12 +1610,23 @@ class PostgresBackend:
             return conn
         if self._warm > 0:
             self._warm -= 1
-            with _EDGE:
+            with self._edge:
                 return await pool.acquire()
-        task = asyncio.get_running_loop().create_task(_acquire_from(pool))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        task = loop.create_task(_acquire_from(pool))
         try:
-            async with _EDGE, asyncio.timeout_at(bound):
-                return await asyncio.shield(task)
+            try:
+                async with self._edge, asyncio.timeout_at(bound):
+                    return await asyncio.shield(task)
+            except BackendUnavailable as exc:
+                if not isinstance(exc.__cause__, TimeoutError):
+                    raise
+                # (asyncpg's connect timeout, or our bound: either way, say how long it took)
+                raise BackendUnavailable(
+                    f"PostgreSQL at {self._edge.address}: timed out after {loop.time() - started:.1f} s"
+                    " getting a connection"
+                ) from exc.__cause__
         except BaseException:
             if task.done():
                 if not task.cancelled() and task.exception() is None:

@@ -43,7 +43,18 @@ More primitives (:class:`_ZkPrimitive`), each on Curator's layout so that
 Curator's recipes share them: the fair lock is the lock itself (the recipe is
 FIFO); a read-write lock is Curator's InterProcessReadWriteLock under
 ``<prefix>/%rw/<name>``; a semaphore is Curator's InterProcessSemaphoreV2
-under ``<prefix>/%semaphore/<name>``. Every token is a node's czxid.
+under ``<prefix>/%semaphore/<name>``. Every token is a node's czxid. A
+semaphore's lease node holds the permits its client asked for (Curator ignores
+lease data), and a client that asks for another number than the leases
+already there gets ValueError from its acquire, before it waits.
+
+Configuration: the chroot must exist (ConfigurationError otherwise, when the
+client starts); ``zk://user:password@…`` sends digest credentials on every
+connection, and the nodes the client creates then carry the creator's ACL; a
+request the ACL refuses (NoAuth) raises ConfigurationError. The lock ttl and
+the session timeout are chosen together before any I/O (the ttl follows a
+given session timeout; a ttl the session cannot carry is refused,
+:func:`max_ttl`).
 """
 
 from __future__ import annotations
@@ -53,7 +64,7 @@ import contextlib
 import logging
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -63,17 +74,20 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
-from .._errors import LockError
+from .._errors import ConfigurationError, LockError
 from .._legacy import LOCK, Shape
 from .._legacy import LegacyBackend as Backend
 from .._legacy import legacy_unsupported as unsupported
+from .._options import DEFAULT_CONNECT_TIMEOUT, mask_url, reject_unknown, seconds
 from .._values import LockInfo
 from ..abc import Acquired, BackendHooks, Busy, RenewItem
 from ._zk_session import (
     CONTAINER,
+    CREATOR_ACL,
     EPHEMERAL,
     NO_NODE,
     NODE_EXISTS,
+    OPEN_ACL,
     SEQUENTIAL,
     WatchCallback,
     ZkConnectionLoss,
@@ -112,6 +126,41 @@ _RESERVED = (_RW_DIR, _SEM_DIR)
 
 #: Given the contenders (in order) and our node's name: do we hold, and which node to watch.
 Rule = Callable[[list[str], str], tuple[bool, str | None]]
+#: Given the contenders (in order) and our new node's name: raise if the queue refuses us.
+Verify = Callable[[list[str], str], Awaitable[None]]
+
+#: Options of a ``zk://`` URL (``ttl``, ``prefix`` and ``connect_timeout`` are
+#: read by ``connect()``, the rest here).
+OPTIONS = frozenset({"ttl", "prefix", "connect_timeout", "session_timeout"})
+#: Default ttl and session timeout, in seconds.
+DEFAULT_TTL = 30.0
+#: What a semaphore's lease node holds: the permits its client asked for.
+#: Curator's InterProcessSemaphoreV2 ignores lease data (its own nodes hold
+#: the client's address), so the two still share the permits.
+_PERMITS_DATA = b"asynclock permits="
+
+
+def max_ttl(session_timeout: float) -> float:
+    """The ttl a ZooKeeper lock must stay under, for a session timeout (seconds).
+
+    The lease is the session: the watchdog renews it every ttl/3, which must
+    come well within the lease time (three quarters of it), so about twice
+    the session timeout.
+    """
+    return 2.25 * _lease_time(session_timeout)
+
+
+def _lease_time(session_timeout: float) -> float:
+    """The lease a session of ``session_timeout`` gives: 10 % (+5 ms) less."""
+    return session_timeout - (session_timeout * 0.1 + 0.005)
+
+
+def _ttl_refused(ttl: float, session_timeout: float) -> str:
+    return (
+        f"a ZooKeeper lock's ttl ({ttl:g} s) must stay under {max_ttl(session_timeout):.3g} s with a session"
+        f" timeout of {session_timeout:g} s: the lease is the session, and the watchdog renews it every ttl/3;"
+        " leave the ttl out (it follows the session), pass a smaller ttl or a longer session_timeout"
+    )
 
 
 def _unsafe(char: str) -> bool:
@@ -193,6 +242,8 @@ class _Node:
     delete_sent: bool = False
     #: a create was sent whose answer never came: the node may exist
     uncertain: bool = False
+    #: what the node holds (a semaphore's lease: its permits)
+    data: bytes = b""
     create_future: asyncio.Future[Any] | None = None
     #: connection on which the deletion watch of a held node is set
     armed: int = -1
@@ -204,9 +255,10 @@ def parse_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, str]]:
     """``zk://h1:p1,h2:p2/chroot?opt=v`` → hosts, chroot (``""`` or ``/a/b``), options."""
     parts = urlsplit(url)
     if parts.scheme != "zk":
-        raise ValueError(f"not a zk:// URL: {url!r}")
+        raise ValueError(f"not a zk:// URL: {mask_url(url)!r}")
+    url = mask_url(url)  # (for the messages below)
     hosts = []
-    for item in parts.netloc.split(","):
+    for item in parts.netloc.rpartition("@")[2].split(","):
         host, sep, port = item.strip().rpartition(":")
         if not sep:
             host, port = port, str(DEFAULT_PORT)
@@ -224,12 +276,30 @@ def parse_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, str]]:
     return hosts, chroot, dict(parse_qsl(parts.query, keep_blank_values=True))
 
 
+def credentials(url: str) -> tuple[str, bytes] | None:
+    """The ``digest`` credentials of ``zk://user:password@hosts/…`` as ZooKeeper takes them, or None."""
+    netloc = urlsplit(url).netloc
+    if "@" not in netloc:
+        return None
+    userinfo = netloc.rpartition("@")[0]
+    user, colon, password = userinfo.partition(":")
+    if not user or not colon:
+        raise ValueError("ZooKeeper digest credentials go in the URL as zk://user:password@host/…")
+    return "digest", f"{unquote(user)}:{unquote(password)}".encode()
+
+
 class ZooKeeperBackend:
     """Locks on a ZooKeeper ensemble; the lease is the session.
 
     ``session_timeout`` (seconds; default the client's ``ttl``) is what we ask
     for; the server clamps it to its bounds (by default 2 to 20 ticks) and the
     negotiated value is used. ``connect_timeout`` bounds the first connection.
+    ``ttl`` is the client's default lock ttl, checked against the session
+    (:func:`max_ttl`). ``auth`` = (scheme, credentials), e.g. ``("digest",
+    b"user:password")``, is sent on every connection, and the nodes this
+    client creates then carry ZooKeeper's creator ACL (every right for the
+    identities it authenticated as), so the ACL of a chroot extends to them.
+    The chroot must exist.
     """
 
     kind = "zookeeper"
@@ -241,36 +311,77 @@ class ZooKeeperBackend:
         *,
         chroot: str = "",
         prefix: str = "asynclock",
-        session_timeout: float = 30.0,
+        session_timeout: float = DEFAULT_TTL,
         connect_timeout: float | None = None,
+        ttl: float | None = None,
+        auth: tuple[str, bytes] | None = None,
     ) -> None:
+        self._ttl = session_timeout if ttl is None else ttl
+        if self._ttl >= max_ttl(session_timeout):
+            raise ValueError(_ttl_refused(self._ttl, session_timeout))
         self._chroot = chroot
+        self._chroot_checked = not chroot
         self._base = f"{chroot}/{escape_name(prefix)}"
+        self._acl = OPEN_ACL if auth is None else CREATOR_ACL
         self._session = ZkSession(
             hosts,
             timeout=session_timeout,
             on_connected=self._on_connected,
             on_expired=self._on_expired,
             keepalive=self._keepalive,
+            auth=() if auth is None else [auth],
         )
-        self._connect_timeout = connect_timeout if connect_timeout is not None else max(2.0, session_timeout)
+        self._connect_timeout = DEFAULT_CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
         self._nodes: dict[str, _Node] = {}
         self._hooks: BackendHooks | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "asynclock", ttl: float = 30.0, **options: Any) -> ZooKeeperBackend:
+    def from_url(
+        cls, url: str, *, prefix: str = "asynclock", ttl: float | None = None, **options: Any
+    ) -> ZooKeeperBackend:
+        """A backend for ``zk://[user:password@]h1:p1,h2:p2/optional/chroot?session_timeout=S``.
+
+        The lease is the session, so the lock ttl and the session timeout are
+        chosen together, here, before any I/O:
+
+        * neither given: both 30 s;
+        * only ``ttl``: the session timeout is the ttl;
+        * only ``session_timeout``: the ttl follows it (:attr:`ttl`);
+        * both: the ttl must stay under :func:`max_ttl` of the session timeout
+          (about twice it), else ValueError.
+
+        Unknown options raise ValueError naming the valid ones.
+        """
         hosts, chroot, query = parse_url(url)
+        reject_unknown([*query, *options], OPTIONS, "zk://")
         merged: dict[str, Any] = {**query, **options}
-        session_timeout = _seconds(merged.pop("session_timeout", ttl), "session_timeout")
+        asked = merged.pop("session_timeout", None)
+        session_timeout = seconds(asked, "session_timeout") if asked is not None else None
         connect = merged.pop("connect_timeout", None)
-        connect_timeout = None if connect is None else _seconds(connect, "connect_timeout")
-        if merged:
-            raise ValueError(f"unknown ZooKeeper options: {sorted(merged)}")
+        connect_timeout = None if connect is None else seconds(connect, "connect_timeout")
+        if session_timeout is None:
+            session_timeout = DEFAULT_TTL if ttl is None else ttl
         return cls(
-            hosts, chroot=chroot, prefix=prefix, session_timeout=session_timeout, connect_timeout=connect_timeout
+            hosts,
+            chroot=chroot,
+            prefix=prefix,
+            session_timeout=session_timeout,
+            connect_timeout=connect_timeout,
+            ttl=ttl,
+            auth=credentials(url),
         )
+
+    @property
+    def ttl(self) -> float:
+        """The client's default lock ttl (the session timeout unless one was given)."""
+        return self._ttl
+
+    def check_ttl(self, ttl: float) -> None:
+        """ValueError if a lock's ``ttl`` is too long for the session (the negotiated one once connected)."""
+        if ttl >= max_ttl(self._session.timeout):
+            raise ValueError(_ttl_refused(ttl, self._session.timeout))
 
     @property
     def session(self) -> ZkSession:
@@ -291,12 +402,39 @@ class ZooKeeperBackend:
 
     def lease_time(self, ttl: float) -> float:
         """The negotiated session timeout less a 10 % (+5 ms) margin, whatever the ttl."""
-        timeout = self._session.timeout
-        return timeout - (timeout * 0.1 + 0.005)
+        return _lease_time(self._session.timeout)
 
     async def start(self, hooks: BackendHooks) -> None:
+        """Connect; check the negotiated session against the ttl, and that the chroot exists.
+
+        Raises BackendUnavailable when no server could be reached within the
+        connect timeout (at once when every server refused the connection or
+        has no address), ConfigurationError when the server's session timeout
+        cannot carry the client's ttl or the chroot does not exist.
+        """
         self._hooks = hooks
-        await self._session.start(self._connect_timeout)
+        session = self._session
+        await session.start(self._connect_timeout)
+        if self._ttl >= max_ttl(session.timeout):
+            raise ConfigurationError(
+                f"ZooKeeper at {session.address} gave a session timeout of {session.timeout:g} s for the"
+                f" {session.requested_timeout:g} s asked (its minSessionTimeout/maxSessionTimeout): "
+                + _ttl_refused(self._ttl, session.timeout)
+            )
+        if not self._chroot_checked:
+            try:
+                await session.call(exists_request(self._chroot), self._chroot)
+            except ZkError as exc:
+                if exc.code == NO_NODE:
+                    raise self._no_chroot() from exc
+                raise
+            self._chroot_checked = True
+
+    def _no_chroot(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"ZooKeeper at {self._session.address}: the chroot {self._chroot} does not exist; create it"
+            " (asynclock creates only what is under it) or leave it out of the URL"
+        )
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
         raise NotImplementedError("ZooKeeper queues waiters: the front calls wait_acquire")
@@ -306,21 +444,24 @@ class ZooKeeperBackend:
         return await self._acquire(node, ttl, timeout, _first_holds)
 
     def _check_ttl(self, ttl: float) -> None:
-        if ttl / 3 >= 0.75 * self.lease_time(ttl):
-            # the watchdog renews every ttl/3; the session (the lease) would end first
-            raise ValueError(
-                f"a ZooKeeper lock's ttl ({ttl}s) must stay well under 2.25 times the session timeout "
-                f"({self._session.timeout}s): the session is the lease; pass a smaller ttl or a longer "
-                "session_timeout"
-            )
+        # (lock() checks a lock's ttl already; the negotiated session may be shorter than asked)
+        self.check_ttl(ttl)
 
     async def _acquire(
-        self, node: _Node, ttl: float, timeout: float | None, rule: Rule, mutex: _Node | None = None
+        self,
+        node: _Node,
+        ttl: float,
+        timeout: float | None,
+        rule: Rule,
+        mutex: _Node | None = None,
+        verify: Verify | None = None,
     ) -> Acquired | None:
         """Queue ``node`` (its hold's node) until ``rule`` says it holds, or give up and delete it.
 
         With a ``mutex`` (the semaphore's), ``node`` is created only once the
         mutex is held, and the mutex is let go as soon as ``node`` holds.
+        ``verify`` sees the queue once ``node`` is in it, and may refuse it by
+        raising (the nodes are deleted then).
         """
         self._check_ttl(ttl)
         loop = asyncio.get_running_loop()
@@ -335,12 +476,16 @@ class ZooKeeperBackend:
                     if mutex is not None and await self._queue(mutex, deadline, once=once, rule=_first_holds) is None:
                         result = None
                     else:
-                        result = await self._queue(node, deadline, once=once, rule=rule, watch_children=bool(mutex))
+                        result = await self._queue(
+                            node, deadline, once=once, rule=rule, watch_children=bool(mutex), verify=verify
+                        )
             except TimeoutError:
                 if deadline is None or once or loop.time() < deadline:
                     raise
                 if not self._session.connected:
-                    raise ZkConnectionLoss(f"no ZooKeeper server reachable within {timeout}s") from None
+                    raise ZkConnectionLoss(
+                        f"no ZooKeeper server of {self._session.address} reachable within {timeout:.3g} s"
+                    ) from None
                 result = None
             if result is not None and mutex is not None:
                 # the next waiter's turn, before this acquire returns (so an
@@ -457,6 +602,33 @@ class ZooKeeperBackend:
     async def info(self, name: str) -> LockInfo:
         return await self._describe(name, self.lock_key(name))
 
+    async def _check_permits(self, name: str, leases: str, others: list[str], permits: int) -> None:
+        """ValueError if the semaphore's other leases were taken with another number of permits.
+
+        Runs while this client holds the semaphore's mutex, so every lease
+        was checked against those before it when it was made: the first one
+        that says how many permits its client asked for speaks for them all.
+        Leases that say nothing (Curator's) are skipped.
+        """
+        session = self._session
+        for child in others:
+            path = f"{leases}/{child}"
+            try:
+                reply = await session.call(protocol.GetDataRequest(path=path, watch=False), path)
+            except ZkError as exc:
+                if exc.code == NO_NODE:
+                    continue  # released meanwhile
+                raise
+            theirs = _permits_of(reply.data)
+            if theirs is None:
+                continue
+            if theirs != permits:
+                raise ValueError(
+                    f"semaphore {name!r} is held or awaited with permits={theirs} by other clients;"
+                    f" this one asks for permits={permits}: every client of a semaphore must use the same number"
+                )
+            return
+
     async def _children(self, path: str) -> list[str]:
         """The contenders among the children of ``path``, in order ([] if it does not exist)."""
         try:
@@ -566,7 +738,14 @@ class ZooKeeperBackend:
         await self._session.wait_connected(limit)
 
     async def _queue(
-        self, node: _Node, deadline: float | None, *, once: bool, rule: Rule, watch_children: bool = False
+        self,
+        node: _Node,
+        deadline: float | None,
+        *,
+        once: bool,
+        rule: Rule,
+        watch_children: bool = False,
+        verify: Verify | None = None,
     ) -> Acquired | None:
         """Create our node and wait until ``rule`` says it holds.
 
@@ -620,6 +799,12 @@ class ZooKeeperBackend:
                 for twin in contenders:
                     if node.guid in twin and twin != mine:  # a duplicate create: never ours to keep
                         self._spawn(self._delete_quietly(f"{node.dir}/{twin}"))
+                if verify is not None:
+                    try:
+                        await verify(contenders, mine)
+                    except ZkConnectionLoss:
+                        continue  # look again after the reconnect
+                    verify = None
                 holds, ahead = rule(contenders, mine)
                 if holds:
                     # the deletion watch on our node is set by the first renewal
@@ -687,7 +872,7 @@ class ZooKeeperBackend:
                 return None
             node.session = session.session_id
             node.uncertain = True
-            request = create_request(base, EPHEMERAL | SEQUENTIAL)
+            request = create_request(base, EPHEMERAL | SEQUENTIAL, data=node.data, acl=self._acl)
             future = node.create_future = session.submit(request, base)
             listing: asyncio.Future[Any] | None = None
             with contextlib.suppress(ZkConnectionLoss):  # the create's own answer tells
@@ -749,17 +934,18 @@ class ZooKeeperBackend:
         return adopted
 
     async def _ensure_parents(self, path: str) -> None:
-        """Create the chroot (persistent) and our prefix and lock znodes (containers)."""
+        """Create our prefix and lock znodes (containers) under the chroot, which must exist."""
         session = self._session
         parts = path.strip("/").split("/")
         chroot_depth = len(self._chroot.strip("/").split("/")) if self._chroot else 0
-        for depth in range(1, len(parts) + 1):
+        for depth in range(chroot_depth + 1, len(parts) + 1):
             current = "/" + "/".join(parts[:depth])
-            container = depth > chroot_depth
-            request = create_request(current, CONTAINER if container else 0, container=container)
+            request = create_request(current, CONTAINER, container=True, acl=self._acl)
             try:
                 await session.call(request, current)
             except ZkError as exc:
+                if exc.code == NO_NODE and depth == chroot_depth + 1 and self._chroot:
+                    raise self._no_chroot() from exc  # deleted since the client started
                 if exc.code != NODE_EXISTS:
                     raise
 
@@ -952,9 +1138,14 @@ class _ZkPrimitive:
         def first_permits(contenders: list[str], mine: str) -> tuple[bool, str | None]:
             return contenders.index(mine) < permits, None
 
-        lease = _Node(name, hold, f"{path}/{_SEM_LEASES}", guid, base=_LEASE_BASE)
+        leases = f"{path}/{_SEM_LEASES}"
+        lease = _Node(name, hold, leases, guid, base=_LEASE_BASE, data=_PERMITS_DATA + str(permits).encode())
+
+        async def same_permits(contenders: list[str], mine: str) -> None:
+            await backend._check_permits(name, leases, [child for child in contenders if child != mine], permits)
+
         mutex = _Node(name, hold, f"{path}/{_SEM_LOCKS}", str(uuid.uuid4()))
-        return await backend._acquire(lease, ttl, timeout, first_permits, mutex)
+        return await backend._acquire(lease, ttl, timeout, first_permits, mutex, verify=same_permits)
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
         return await self._backend.set_count(name, hold, count, ttl)
@@ -992,11 +1183,11 @@ class _ZkPrimitive:
         """Nothing of its own: the backend closes the session."""
 
 
-def _seconds(value: object, what: str) -> float:
+def _permits_of(data: bytes | None) -> int | None:
+    """The permits a lease node of asynclock records, or None (Curator's, or none)."""
+    if not data or not data.startswith(_PERMITS_DATA):
+        return None
     try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number of seconds, got {value!r}") from None
-    if not number > 0 or number == float("inf"):
-        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
-    return number
+        return int(data[len(_PERMITS_DATA) :])
+    except ValueError:
+        return None

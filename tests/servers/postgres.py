@@ -5,6 +5,12 @@ root both run as the ``postgres`` user (the Debian packages create it) in a
 temp dir owned by that user. The server listens on a free loopback port and on
 a unix socket inside the temp dir, with ``fsync=off`` (throwaway data).
 
+Authentication: every role is trusted, except the members of
+``PASSWORD_GROUP``, which log in with a password (scram-sha-256): a test
+makes such a role to see a password refused, at no cost to the others.
+``tls=True`` makes a server that also speaks TLS, with a self-signed
+certificate for 127.0.0.1 (``cert_file``), made with ``openssl``.
+
 Pausing stops the postmaster and every backend it forked (each backend is its
 own process group, so signalling the postmaster alone would leave them
 answering): that is a server that keeps its connections open but answers
@@ -26,6 +32,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .base import ServerProcess, free_port
+
+#: Members of this role log in with a password; every other role is trusted.
+PASSWORD_GROUP = "asynclock_password"
+
+_HBA = f"""\
+# type  database  user             address       method
+local   all       +{PASSWORD_GROUP}                scram-sha-256
+host    all       +{PASSWORD_GROUP} 127.0.0.1/32   scram-sha-256
+host    all       +{PASSWORD_GROUP} ::1/128        scram-sha-256
+local   all       all                            trust
+host    all       all              127.0.0.1/32   trust
+host    all       all              ::1/128        trust
+local   replication all                          trust
+host    replication all            127.0.0.1/32   trust
+"""
 
 
 def postgres_bin_dir() -> Path | None:
@@ -49,7 +70,9 @@ def postgres_bin_dir() -> Path | None:
 class PostgresServer(ServerProcess):
     name = "postgres"
 
-    def __init__(self, port: int | None = None, workdir: Path | None = None, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self, port: int | None = None, workdir: Path | None = None, extra: Sequence[str] = (), *, tls: bool = False
+    ) -> None:
         super().__init__(workdir)
         bin_dir = postgres_bin_dir()
         if bin_dir is None:
@@ -59,6 +82,9 @@ class PostgresServer(ServerProcess):
         self.data_dir = self.workdir / "data"
         self.socket_dir = self.workdir / "sock"
         self.extra = list(extra)
+        self.cert_file = self.workdir / "server.crt"
+        self.key_file = self.workdir / "server.key"
+        self.tls = tls
         self.user = "postgres"
         self._run_as: pwd.struct_passwd | None = None
         if os.geteuid() == 0:
@@ -70,6 +96,8 @@ class PostgresServer(ServerProcess):
             self.user = pwd.getpwuid(os.geteuid()).pw_name
         try:
             self._initdb()
+            if tls:
+                self._make_certificate()
         except BaseException:
             self.cleanup()
             raise
@@ -103,6 +131,25 @@ class PostgresServer(ServerProcess):
         )
         if result.returncode != 0:
             raise RuntimeError(f"initdb failed ({result.returncode}):\n{result.stdout.decode(errors='replace')}")
+        (self.data_dir / "pg_hba.conf").write_text(_HBA)
+
+    def _make_certificate(self) -> None:
+        """A self-signed certificate for 127.0.0.1 and its key, readable by the server only."""
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise RuntimeError("openssl not found: a TLS test server needs it to make its certificate")
+        args = [
+            openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+            "-keyout", str(self.key_file), "-out", str(self.cert_file),
+        ]  # fmt: skip
+        result = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"openssl failed: {result.stderr.decode(errors='replace')}")
+        os.chmod(self.key_file, 0o600)
+        if self._run_as is not None:
+            for path in (self.key_file, self.cert_file):
+                os.chown(path, self._run_as.pw_uid, self._run_as.pw_gid)
 
     def env(self) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
@@ -144,6 +191,8 @@ class PostgresServer(ServerProcess):
             "-c", "full_page_writes=off",
             "-c", "max_connections=300",
             "-c", "shared_buffers=32MB",
+            *(["-c", "ssl=on", "-c", f"ssl_cert_file={self.cert_file}", "-c", f"ssl_key_file={self.key_file}"]
+              if self.tls else []),
             *self.extra,
         ]  # fmt: skip
 
