@@ -543,9 +543,16 @@ class Lock:
                         self._give_up(hold, owner, last_busy, timeout, started)
                     if server_deadline is not None and now >= server_deadline:
                         self._give_up(hold, owner, result, timeout, started)
-                    if server_deadline is None and now - failing_since >= self.ttl:
+                    # A server that cannot even be connected to is given up on
+                    # after the connect timeout; one that stopped answering, after a ttl.
+                    unreachable = result.connect_timeout if isinstance(result, BackendUnavailable) else None
+                    limited = server_deadline is None or unreachable is not None
+                    patience = self.ttl if unreachable is None else min(self.ttl, unreachable)
+                    if limited and now - failing_since >= patience:
                         self._give_up(hold, owner, result, timeout, started)
-                    wait = delay if server_deadline is None else min(delay, server_deadline - now)
+                    wait = min(delay, failing_since + patience - now) if limited else delay
+                    if server_deadline is not None:
+                        wait = min(wait, server_deadline - now)
                     delay = min(delay * 2, _RETRY_MAX)
                 await waiter.wait(wait)
 

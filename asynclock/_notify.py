@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from ._errors import LockError
+from ._errors import ConfigurationError, LockError
 
 if TYPE_CHECKING:
     from .abc import Backend
@@ -122,6 +122,8 @@ class WakeHub:
     async def _subscribe(self, name: str) -> None:
         try:
             await self._backend.subscribe(name)
+        except ConfigurationError:
+            raise  # no retry can fix it: the waiters raise it
         except (LockError, OSError) as exc:
             # The backend keeps the name in its wanted set and re-subscribes
             # when it reconnects (then wakes everyone); until then waiters are

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._errors import BackendUnavailable, LockError
+from .._errors import BackendUnavailable, ConfigurationError, LockError
 from .._values import LockInfo
 from ..abc import Acquired, Backend, BackendHooks, Busy, RenewItem, Shape
 from .redis import FENCE_LIFETIME_MS, _call, _is_readonly, _ms, _text
@@ -326,7 +326,11 @@ class Handovers:
         if listener is None:
             raise BackendUnavailable("the Redis backend is closed")
         routing = self._routing
-        if routing is None or (routing.done() and (routing.cancelled() or routing.exception() is not None)):
+        if (
+            routing is None
+            or (routing.done() and (routing.cancelled() or routing.exception() is not None))
+            or listener.failure is not None  # stopped on a refusal: try once more
+        ):
             routing = self._routing = asyncio.get_running_loop().create_task(
                 listener.route(self.channel, self.handle, self.resync), name="asynclock-redis-route"
             )
@@ -429,14 +433,14 @@ class RedisQueued:
         try:
             async with asyncio.timeout(bound):
                 if not backend.replicas:
-                    answer = await _call(self._acquire(keys=keys, args=args))
+                    answer = await _call(self._acquire(keys=keys, args=args), backend)
                     confirmed = 0
                 else:
                     # On the same connection, WAIT for the replicas: once this write is
                     # on them, so is every earlier one, a hand-over to this hold included.
                     answer, confirmed = await backend._script_then_wait(self._acquire, keys, args)
         except TimeoutError as exc:
-            raise BackendUnavailable(f"Redis did not answer within {bound:.3g}s") from exc
+            raise BackendUnavailable(f"{backend.where} did not answer within {bound:.3g} s") from exc
         if backend.replicas and int(answer[0]) == 1 and confirmed < backend.replicas:
             # Not on enough replicas: a failover now could lose it. Give it
             # back (to the next in line); the caller retries or fails.
@@ -454,6 +458,9 @@ class RedisQueued:
         deadline = None if timeout is None else started + timeout
         queue = timeout != 0
         handovers = self._backend.handovers()
+        listener = self._backend._listener
+        if listener is not None:
+            listener.note_ttl(ttl)  # its health check keeps up with this waiter's ttl
         if queue:
             await handovers.ready(self._backend)
         ticket = handovers.expect(hold)
@@ -472,10 +479,13 @@ class RedisQueued:
                 try:
                     token, hint = await self._enter(name, hold, ttl, queue, handovers, first)
                     break
-                except BackendUnavailable:
+                except BackendUnavailable as exc:
                     # Like the plain lock: a caller that waits for ever gives up
-                    # on a server that stays away for a ttl.
+                    # on a server that stays away for a ttl, and on one that
+                    # cannot even be connected to after the connect timeout.
                     limit = started + ttl if deadline is None else max(started + window, deadline)
+                    if exc.connect_timeout is not None:
+                        limit = min(limit, started + exc.connect_timeout)
                     if self._closed or loop.time() + delay >= limit:
                         raise
                     first = False  # it may have gone through
@@ -507,6 +517,9 @@ class RedisQueued:
                     return Acquired(ticket.token, confirmed_at=queued_at)
                 if self._closed:
                     raise BackendUnavailable("the Locks client was closed while this acquire was queued")
+                if listener is not None and listener.failure is not None:
+                    # The hand-over channel was refused: no message can reach this waiter.
+                    raise ConfigurationError(str(listener.failure)) from listener.failure.__cause__
                 now = loop.time()
                 if deadline is not None and now >= deadline:
                     return await self._leave(name, hold, queued_at)
@@ -528,10 +541,14 @@ class RedisQueued:
                 sent = loop.time()
                 try:
                     token, hint = await self._enter(name, hold, ttl, True, handovers)
-                except BackendUnavailable:
-                    # Our entry outlives a failing server for its ttl; past that it is gone anyway.
+                except BackendUnavailable as exc:
+                    # Our entry outlives a failing server for its ttl; past that it is
+                    # gone anyway. A server that cannot even be connected to is given
+                    # up on after the connect timeout.
                     failing_since = sent if failing_since is None else failing_since
                     if sent - queued_at >= ttl:
+                        raise
+                    if exc.connect_timeout is not None and sent - failing_since >= exc.connect_timeout:
                         raise
                     delay = 0.02 if failing_since == sent else min(delay * 2, RETRY_MAX)
                     hint = -2
@@ -555,7 +572,9 @@ class RedisQueued:
 
     async def _leave(self, name: str, hold: str, queued_at: float) -> Acquired | None:
         """Time is up: leave the queue, unless the lock was handed over meanwhile."""
-        answer = await _call(self._release(keys=self._keys(name), args=[hold, self._permits, 1, FENCE_LIFETIME_MS]))
+        answer = await _call(
+            self._release(keys=self._keys(name), args=[hold, self._permits, 1, FENCE_LIFETIME_MS]), self._backend
+        )
         if int(answer[0]) == 2:
             return Acquired(int(answer[1]), confirmed_at=queued_at)
         return None
@@ -574,11 +593,13 @@ class RedisQueued:
             logger.info("could not give back %r of %r, it expires by itself: %r", hold, name, exc)
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
-        done = await _call(self._set_count(keys=self._keys(name), args=[hold, count, _ms(ttl)]))
+        done = await _call(self._set_count(keys=self._keys(name), args=[hold, count, _ms(ttl)]), self._backend)
         return bool(done)
 
     async def release(self, name: str, hold: str) -> bool:
-        answer = await _call(self._release(keys=self._keys(name), args=[hold, self._permits, 0, FENCE_LIFETIME_MS]))
+        answer = await _call(
+            self._release(keys=self._keys(name), args=[hold, self._permits, 0, FENCE_LIFETIME_MS]), self._backend
+        )
         return int(answer[0]) == 1
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
@@ -602,7 +623,7 @@ class RedisQueued:
                         results += [error if flag else False for flag in answer]
                         continue
                 else:
-                    answer = await _call(self._renew(keys=keys, args=args))
+                    answer = await _call(self._renew(keys=keys, args=args), self._backend)
             except BackendUnavailable as exc:
                 cause = exc.__cause__
                 # A demoted primary: whatever it holds is not the lock any more.
@@ -618,7 +639,7 @@ class RedisQueued:
         """Not used: a hand-over message is addressed to its waiter's client."""
 
     async def info(self, name: str) -> LockInfo:
-        found, waiting = await _call(self._info(keys=self._keys(name)))
+        found, waiting = await _call(self._info(keys=self._keys(name)), self._backend)
         key = self.lock_key(name)
         holders: list[tuple[str, int, int, float]] = []
         for i in range(0, len(found), 3):
