@@ -9,7 +9,10 @@ family ``fair``, ``rw`` or ``sem`` and the name ``N`` is five keys sharing the
 * ``<base>``: ZSET of the holds, scored by the server-time (ms) at which each
   expires. Every hold has its own expiry, so a dead reader or semaphore holder
   lets go after its own ttl while the others keep theirs.
-* ``<base>:data``: HASH hold id -> ``"<mode> <token> <count>"``.
+* ``<base>:data``: HASH hold id -> ``"<mode> <token> <count>"``; for a
+  semaphore also ``#permits`` -> the number of permits its holders and
+  waiters use (a client that asks with another number is refused while any
+  of them is there: two numbers for one semaphore would let too many in).
 * ``<base>:queue``: LIST of the queued hold ids, oldest first.
 * ``<base>:waiting``: HASH queued hold id -> ``"<deadline ms> <ttl ms> <mode>
   <channel>"``: the entry's server-time deadline (a waiter keeps it alive by
@@ -89,6 +92,15 @@ local function keep(a, b, ms)
   end
 end
 
+-- whether anybody holds the resource or waits for it (expired holds pruned already)
+local function in_use()
+  if redis.call('ZCARD', H) > 0 then return true end
+  for _, w in ipairs(redis.call('HVALS', W)) do
+    if tonumber(string.match(w, '^(%d+)')) > now then return true end
+  end
+  return false
+end
+
 -- drop expired holds; how many
 local function prune()
   local gone = redis.call('ZRANGEBYSCORE', H, '-inf', num(now))
@@ -159,15 +171,22 @@ end
 # channel of the caller's client, ARGV[7] fence counter lifetime in ms, ARGV[8]
 # 1 on the first request of this hold id (it cannot hold or be queued yet)
 # returns {1, token} if ARGV[1] holds it now (just taken, or already: a retry,
-# a poll after a hand-over; its expiry is reset to ARGV[4]), or {0, ms until
+# a poll after a hand-over; its expiry is reset to ARGV[4]), {0, ms until
 # the first holder's lease ends (-1: no holder, or not asked), 1 if ARGV[1]
-# heads the queue}
+# heads the queue}, or {-1, permits} (nothing changed) for a semaphore whose
+# holders and waiters use another number of permits than ARGV[3]
 ACQUIRE = (
     _PRELUDE
     + """
 local hold, mode, permits, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local pruned = prune()
+if mode == 's' then
+  local agreed = tonumber(redis.call('HGET', D, '#permits') or permits)
+  if agreed ~= permits and in_use() then return {-1, agreed} end
+  redis.call('HSET', D, '#permits', permits)
+end
 local head
-if prune() == 0 and mode == 'x' and redis.call('ZCARD', H) > 0 then
+if pruned == 0 and mode == 'x' and redis.call('ZCARD', H) > 0 then
   -- held, and no hold ended since the last script served the queue: an
   -- exclusive request does not fit, and serving could at most drop dead
   -- entries (or, for readers behind a dead writer, wait for the next request)
@@ -205,15 +224,17 @@ return {0, hint, 1}
 )
 
 # KEYS[1..5] holds, data, queue, waiting, fence
-# ARGV[1] hold id, ARGV[2] permits, ARGV[3] 1: only leave the queue (a hold
-# stays), 0: also give up the hold, ARGV[4] fence counter lifetime in ms
+# ARGV[1] hold id, ARGV[2] permits (a semaphore's holders' own number wins),
+# ARGV[3] 1: only leave the queue (a hold stays), 0: also give up the hold,
+# ARGV[4] fence counter lifetime in ms
 # returns {1} released, {2, token} still held (ARGV[3] = 1, nothing changed),
 # {0} not a holder (its queue entry, if any, is gone); whatever it frees is
 # handed to the queue's head
 RELEASE = (
     _PRELUDE
     + """
-local hold, permits = ARGV[1], tonumber(ARGV[2])
+local hold = ARGV[1]
+local permits = tonumber(redis.call('HGET', D, '#permits') or ARGV[2])
 prune()
 local out = {0}
 if ARGV[3] == '1' then
@@ -297,6 +318,10 @@ end
 return {out, waiting}
 """
 )
+
+
+class _PermitsDiffer(ValueError):
+    """A semaphore acquired with another number of permits than its holders and waiters use."""
 
 
 @dataclass(slots=True, eq=False)
@@ -450,6 +475,11 @@ class RedisQueued:
             )
         if int(answer[0]) == 1:
             return int(answer[1]), 0
+        if int(answer[0]) == -1:
+            raise _PermitsDiffer(
+                f"semaphore {name!r} is used with permits={int(answer[1])} by its holders and waiters;"
+                f" this handle asks for permits={self._permits} (every client must use the same number)"
+            )
         return -1, int(answer[1]) if int(answer[2]) == 1 else -2
 
     async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
@@ -557,6 +587,8 @@ class RedisQueued:
                 if token >= 0:
                     return Acquired(token, confirmed_at=sent)  # this poll reset the hold's expiry
                 queued_at = sent
+        except _PermitsDiffer:
+            raise  # the script changed nothing: nothing to give back
         except BaseException:
             # Cancelled, or failed: out of the queue, and a hand-over that raced
             # in is given back (which hands it to the next in line).
