@@ -38,6 +38,7 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._silenced: set[int] = set()  # client ports of black-holed connections
         self._gates: dict[int, asyncio.Event] = {}  # client port -> open while forwarded
+        self._handlers: set[asyncio.Task[None]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"tcp-proxy-{self.port}", daemon=True)
         self._server: asyncio.AbstractServer | None = None
@@ -101,6 +102,8 @@ class TcpProxy:
         if self._server is not None:
             self._server.close()
         await self._reset()
+        if self._handlers:  # let them finish (and collect their pumps' errors) before the loop stops
+            await asyncio.wait(self._handlers, timeout=5)
 
     async def _set_open(self, on: bool) -> None:
         assert self._open is not None
@@ -126,6 +129,10 @@ class TcpProxy:
         self._writers.clear()
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
+            me.add_done_callback(self._handlers.discard)
         if self._refuse:
             client_writer.transport.abort()
             return
