@@ -228,7 +228,7 @@ def _unreachable(exc: BaseException, connect_timeout: float | None) -> str | Non
         if isinstance(error, FileNotFoundError):
             return "no socket at that path"
         if isinstance(error, redis_errors.TimeoutError) and "connecting" in str(error):
-            return "timed out" + (f" after {connect_timeout:g} s" if connect_timeout is not None else "")
+            return "timed out" + (f" after {float(connect_timeout)} s" if connect_timeout is not None else "")
     for error in chain:
         # redis-py's words for any other failed connect ("Error 113 connecting to …")
         if isinstance(error, redis_errors.ConnectionError) and " connecting to " in str(error):
@@ -366,7 +366,8 @@ class RedisBackend:
         try:
             client = aioredis.Redis.from_url(rest, **options)
         except (ValueError, TypeError) as exc:  # redis-py's word on a bad value, without the URL's password
-            raise type(exc)(mask_text(str(exc), [urlsplit(url).password])) from None
+            password = urlsplit(url).password
+            raise type(exc)(mask_text(str(exc), [password, unquote(password or "")])) from None
         return cls(
             client,
             prefix=prefix,

@@ -113,7 +113,8 @@ class _Sentinels(Sentinel):
             if state and self.check_master_state(state, service_name):
                 # the sentinel that knew is asked first next time
                 self.sentinels[0], self.sentinels[index] = sentinel, self.sentinels[0]
-                host = self._force_master_ip if self._force_master_ip is not None else state["ip"]
+                forced = getattr(self, "_force_master_ip", None)
+                host = forced if forced is not None else state["ip"]
                 return host, state["port"]
         if failures and len(failures) == len(self.sentinels):
             refused = [error for error in failures if _refusal(error) is not None]
