@@ -132,10 +132,16 @@ async def acquire_new(lock: Lock, owner: str, timeout: float | None) -> Lease:
                     _give_up(lock, hold, owner, last_busy, timeout, started)
                 if server_deadline is not None and now >= server_deadline:
                     _give_up(lock, hold, owner, result, timeout, started)
-                if server_deadline is None and now - failing_since >= lock.ttl:
+                # A server that cannot even be connected to is given up on after
+                # the connect timeout; one that stopped answering, after a ttl.
+                patience = _patience(result, lock.ttl)
+                limited = server_deadline is None or patience < lock.ttl
+                if limited and now - failing_since >= patience:
                     _give_up(lock, hold, owner, result, timeout, started)
                 pause = backoff.next()
-                wait = pause if server_deadline is None else min(pause, server_deadline - now)
+                wait = min(pause, failing_since + patience - now) if limited else pause
+                if server_deadline is not None:
+                    wait = min(wait, server_deadline - now)
             if waiter is not None:
                 await waiter.wait(wait)
             else:
@@ -261,7 +267,8 @@ async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float 
             now = loop.time()
             failing_since = now if failing_since is None else failing_since
             final = isinstance(exc, ConfigurationError) or not getattr(exc, "retryable", True)
-            if final or (deadline is not None and now >= deadline) or now - failing_since >= lease._lease_time:
+            gone = now - failing_since >= _patience(exc, lease._lease_time)
+            if final or gone or (deadline is not None and now >= deadline):
                 # No retry can fix it, or the server stays away (past a lease time of
                 # failures the queue entry is gone anyway): give back whatever it may hold.
                 give_back()
@@ -290,6 +297,13 @@ async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float 
             # the next in line) before saying so.
             await settle(locks._spawn, release_by_identity(backend, lease, raise_errors=False), window)
             _give_up(lock, lease._hold, owner, Busy(None), deadline - started, started)
+
+
+def _patience(failure: object, longest: float) -> float:
+    """How long to keep retrying after ``failure``: the connect timeout of a server
+    that cannot be connected to at all, else ``longest``."""
+    unreachable = failure.connect_timeout if isinstance(failure, BackendUnavailable) else None
+    return longest if unreachable is None else min(longest, unreachable)
 
 
 def _give_up(

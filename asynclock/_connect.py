@@ -150,13 +150,11 @@ def _from_client(
     if aioredis is not None and isinstance(client, aioredis.RedisCluster):
         from .backends.cluster import ClusterBackend
 
-        return ClusterBackend(
-            client, prefix=chosen_prefix, owns_client=False, connect_timeout=connect_timeout, **options
-        )
+        return ClusterBackend.from_client(client, prefix=chosen_prefix, connect_timeout=connect_timeout, **options)
     if aioredis is not None and isinstance(client, aioredis.Redis):
         from .backends.redis import RedisBackend
 
-        return RedisBackend(client, prefix=chosen_prefix, owns_client=False, connect_timeout=connect_timeout, **options)
+        return RedisBackend.from_client(client, prefix=chosen_prefix, connect_timeout=connect_timeout, **options)
     raise TypeError(
         f"connect() takes a URL, a redis.asyncio.Redis client or an asyncpg.Pool, not {type(client).__name__}"
     )

@@ -54,6 +54,11 @@ class NotHeld(LockError):
 class BackendUnavailable(LockError, ConnectionError):
     """The lock server could not be reached within the operation's time."""
 
+    #: Set by a backend when no connection could be made at all (refused,
+    #: name not resolved, connect timed out): its ``connect_timeout``, after
+    #: which a caller that keeps retrying gives up instead of after a ttl.
+    connect_timeout: float | None = None
+
 
 class ConfigurationError(LockError):
     """What no retry can fix: the server refused this client's configuration.

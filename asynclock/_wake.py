@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._errors import LockError
+from ._errors import ConfigurationError, LockError
 from ._values import LossReason
 
 if TYPE_CHECKING:
@@ -135,6 +135,8 @@ class WakeHub:
         assert self._backend is not None, "a backend that never answers Busy has no release notifications"
         try:
             await self._backend.subscribe(name)
+        except ConfigurationError:
+            raise  # no retry can fix it: the waiters raise it
         except (LockError, OSError) as exc:
             # The backend keeps the name in its wanted set and re-subscribes
             # when it reconnects (then wakes everyone); until then waiters are

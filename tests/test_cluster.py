@@ -9,6 +9,7 @@ another node while its lock is held.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -16,12 +17,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 
 import asynclock
-from asynclock import BackendUnavailable, LockTimeout
+from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.cluster import ClusterBackend
 from tests import test_contract as contract
-from tests.harness import Harness
+from tests.harness import Harness, eventually
 from tests.servers import scaled
+from tests.servers.proxy import TcpProxy
 from tests.servers.redis_topologies import ClusterSetup
 
 pytestmark = pytest.mark.anyio
@@ -180,6 +182,108 @@ async def test_a_slot_that_moves_during_a_hold(harness: ClusterHarness, cluster:
     await holder.lock("moving").release()
     await asyncio.wait_for(task, scaled(5))  # woken by SPUBLISH on the new node, not by the 20 s lease
     assert order == ["released", "waiter got it"]
+
+
+async def test_a_silently_dead_shard_connection_is_replaced_and_releases_arrive_again(
+    harness: ClusterHarness, cluster: ClusterSetup
+) -> None:
+    """The waiter's sharded pub/sub connection is black-holed (no FIN): its
+    health check notices within ttl/3, the channel is subscribed again, and
+    the next release reaches the waiter as a message, long before the
+    holder's lease (its fallback) would have run out."""
+    loop = asyncio.get_running_loop()
+    ttl = scaled(3.0)
+    holder = harness.connect(ttl=ttl)
+    backend = cluster_backend(holder)
+    name = "blackholed"
+    node = cluster.owner_of(backend.cluster.keyslot(backend.lock_key(name)))
+    channel = backend.channel(name).encode()
+    admin = aioredis.Redis(host="127.0.0.1", port=node.port)
+
+    async def subscribers(at_least: int, within: float) -> None:
+        async with asyncio.timeout(within):
+            while True:
+                answer = await admin.execute_command("PUBSUB", "SHARDNUMSUB", channel)  # type: ignore[no-untyped-call]
+                if int(answer[1]) >= at_least:
+                    return
+                await asyncio.sleep(0.01)
+
+    with TcpProxy("127.0.0.1", node.port) as proxy:
+        # the waiter reaches the lock's node through the proxy (redis-py's address_remap)
+        def through_proxy(address: tuple[str, int]) -> tuple[str, int]:
+            return ("127.0.0.1", proxy.port) if address[1] == node.port else address
+
+        others = [f"127.0.0.1:{server.port}" for server in cluster.servers if server is not node]
+        waiter = asynclock.connect(
+            f"redis+cluster://127.0.0.1:{proxy.port},{','.join(others)}",
+            ttl=ttl,
+            prefix=harness.prefix,
+            address_remap=through_proxy,
+        )
+        # Mapped before the first request: a redirect (MOVED) to a fresh client
+        # would name the node's own address, which redis-py does not remap.
+        await cluster_backend(waiter).cluster.initialize()
+        await holder.lock(name).acquire()
+        got = asyncio.Event()
+
+        async def wait_for_it() -> None:
+            async with waiter.lock(name):
+                got.set()
+
+        task = asyncio.create_task(wait_for_it())
+        try:
+            await subscribers(1, scaled(5))
+            shards = cluster_backend(waiter).shards
+            assert shards is not None
+            shard = next(shard for shard in shards._shards.values() if channel in shard.channels)
+            arrived: list[bytes] = []
+            real = shards.message
+            shards.message = lambda channel: (arrived.append(channel), real(channel))[1]  # type: ignore[method-assign]
+            proxy.blackhole_client(shard._conn._writer.get_extra_info("sockname")[1])
+            silenced = loop.time()
+            # the dead connection stays subscribed on the server; a new one joins it
+            await subscribers(2, ttl)
+            assert loop.time() - silenced <= ttl / 3 + scaled(0.5)
+            await holder.lock(name).release()
+            released = loop.time()
+            await eventually(lambda: channel in arrived, ttl / 4, "the release message to arrive")
+            await asyncio.wait_for(got.wait(), scaled(5))
+            assert loop.time() - released < ttl / 4
+            await asyncio.wait_for(task, scaled(5))
+        finally:
+            task.cancel()
+            await waiter.aclose()
+            await admin.aclose()
+
+
+async def test_a_refusal_by_the_cluster_is_a_configuration_error(
+    cluster: ClusterSetup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wrong credentials, or an ACL user without the right to run scripts:
+    raised at once by an acquire that would wait for ever, naming the
+    cluster's nodes, quoting the server, and never showing the password."""
+    caplog.set_level(logging.DEBUG, logger="asynclock")
+    right, wrong = "r1ght-Pa55w0rd", "wr0ng-Pa55w0rd"
+    for server in cluster.servers:
+        admin = aioredis.Redis(host="127.0.0.1", port=server.port)
+        try:
+            rules = ["reset", "on", f">{right}", "~*", "&*", "+@all", "-@scripting"]
+            await admin.execute_command("ACL", "SETUSER", "noscript", *rules)  # type: ignore[no-untyped-call]
+        finally:
+            await admin.aclose()
+    for user, password, words in [
+        ("locker", wrong, "invalid username-password"),
+        ("noscript", right, "no permissions"),
+    ]:
+        url = cluster.url.replace("redis+cluster://", f"redis+cluster://{user}:{password}@")
+        async with asynclock.connect(url) as locks:
+            with pytest.raises(ConfigurationError) as caught:
+                async with asyncio.timeout(scaled(3)):  # not retried for a ttl (30 s)
+                    await locks.lock("refused").acquire()
+        text = str(caught.value)
+        assert f"127.0.0.1:{cluster.servers[0].port}" in text and words in text, text
+        assert password not in text
+        assert all(password not in record.getMessage() for record in caplog.records)
 
 
 @pytest.fixture

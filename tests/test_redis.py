@@ -16,7 +16,7 @@ import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.abc import LockRef
 from asynclock.backends.redis import RedisBackend, _ms
-from tests.harness import redis_backend
+from tests.harness import eventually, redis_backend
 from tests.servers import RedisServer, scaled
 from tests.servers.proxy import TcpProxy
 from tests.test_primitives import queued
@@ -441,3 +441,56 @@ async def test_a_release_hands_over_without_another_request_from_the_waiter(redi
         finally:
             connection_class.send_packed_command = real
         assert not lease.lost and lease.token is not None
+
+
+# -- a pub/sub connection that dies without a word ---------------------------------
+
+
+async def test_a_silently_dead_pubsub_connection_is_replaced_and_hand_overs_arrive_by_message_again(
+    redis_fresh: RedisServer,
+) -> None:
+    """The waiter's pub/sub connection is black-holed (no FIN: a dropped NAT
+    entry, a paused proxy). Its health check notices within ttl/3 and the
+    listener connects again; the next hand-over then reaches the waiter as a
+    message, not by its own poll (which would come a third of a ttl later)."""
+    loop = asyncio.get_running_loop()
+    ttl = scaled(3.0)
+    with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
+        async with (
+            asynclock.connect(redis_fresh.url, ttl=ttl, prefix="bh") as holder,
+            asynclock.connect(f"redis://127.0.0.1:{proxy.port}/0", ttl=ttl, prefix="bh") as waiter,
+        ):
+            lock = holder.lock("h")
+            await lock.acquire()
+            got = asyncio.Event()
+
+            async def hold() -> None:
+                async with waiter.lock("h"):
+                    got.set()
+
+            waiting = asyncio.create_task(hold())
+            await queued(lock, 1)
+            backend = redis_backend(waiter)
+            listener = backend._listener
+            assert listener is not None and listener._conn is not None
+            channel = backend.handovers().channel.encode()
+            arrived: list[bytes] = []  # hand-over messages that reach the waiter's client
+            on_message, on_resync = listener._routes[channel]
+
+            def record(payload: bytes) -> None:
+                arrived.append(payload)
+                on_message(payload)
+
+            listener._routes[channel] = (record, on_resync)
+            before = listener.reconnects
+            proxy.blackhole_client(listener._conn._writer.get_extra_info("sockname")[1])
+            silenced = loop.time()
+            await eventually(lambda: listener.reconnects > before, ttl, "the listener to notice the dead connection")
+            assert loop.time() - silenced <= ttl / 3 + scaled(0.5)
+            await eventually(lambda: listener._connected.is_set(), scaled(5), "the listener to connect again")
+            await lock.release()
+            released = loop.time()
+            await eventually(lambda: bool(arrived), ttl / 4, "the hand-over message to arrive")
+            await asyncio.wait_for(got.wait(), scaled(5))
+            assert loop.time() - released < ttl / 4  # well before a poll a third of a ttl later
+            await asyncio.wait_for(waiting, scaled(5))

@@ -307,6 +307,38 @@ async def test_semaphore_release_hands_the_permit_to_one_waiter(fresh: RedisHarn
         await holder.release()
 
 
+async def test_a_client_with_another_number_of_permits_is_refused(fresh: RedisHarness) -> None:
+    """Two numbers for one semaphore would let too many in (3 holders where
+    2 agreed on "at most 2"): the client that asks with another number than
+    the holders and waiters use gets ValueError naming both, and neither
+    holds nor waits afterwards; once nobody uses it, any number may start over."""
+    two, five = fresh.connect(ttl=TTL), fresh.connect(ttl=TTL)
+    sem = two.semaphore("agreed", permits=2)
+    await sem.acquire()
+    for timeout in (None, 0, scaled(5)):
+        with pytest.raises(ValueError, match=r"permits=2.*permits=5") as caught:
+            async with asyncio.timeout(scaled(5)):
+                await five.semaphore("agreed", permits=5).acquire(timeout=timeout)
+        assert "'agreed'" in str(caught.value)
+        info = await sem.info()
+        assert len(info.holders) == 1 and info.waiters == 0
+    # the clients that agree go on as before: holders, a waiter, a hand-over
+    third = Holder(fresh.connect(ttl=TTL).semaphore("agreed", permits=2))
+    await third.got()
+    waiting = Holder(fresh.connect(ttl=TTL).semaphore("agreed", permits=2))
+    await waiters(sem, 1)
+    await sem.release()
+    await third.release()
+    await waiting.got()
+    await waiting.release()
+    # nobody holds or waits: another number is fine now
+    async with five.semaphore("agreed", permits=5) as lease:
+        assert lease.token is not None
+    with pytest.raises(ValueError, match="permits=5"):
+        async with five.semaphore("agreed", permits=5), two.semaphore("agreed", permits=2):
+            pass
+
+
 # -- read-write lock ---------------------------------------------------------------
 
 

@@ -9,16 +9,21 @@ too soon can let a second holder in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.redlock import RedlockBackend, quorum
+from tests.harness import eventually
 from tests.harness_redlock import RedlockHarness, redlock_backend
 from tests.servers import scaled
+from tests.servers.proxy import TcpProxy
 from tests.servers.redis_topologies import RedisNodes
 
 pytestmark = pytest.mark.anyio
@@ -289,3 +294,69 @@ async def test_renewal_needs_a_majority_of_yes(harness: RedlockHarness, nodes: R
     [answer] = await backend.renew([item])
     assert isinstance(answer, BackendUnavailable)
     await asyncio.wait_for(lease.wait_lost(), scaled(5))
+
+
+async def test_silently_dead_listener_connections_are_replaced_and_releases_arrive_again(
+    redlock_nodes: RedisNodes,
+) -> None:
+    """Every node's pub/sub connection of the waiter is black-holed (no FIN):
+    each one's health check notices within ttl/3, the listeners subscribe
+    again, and the next release reaches the waiter as a message, long before
+    the holder's lease (its fallback) would have run out."""
+    loop = asyncio.get_running_loop()
+    ttl = scaled(3.0)
+    servers = redlock_nodes.servers[:3]
+    prefix = f"bh{secrets.token_hex(4)}"
+    with contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(TcpProxy("127.0.0.1", server.port)) for server in servers]
+        direct = ",".join(f"127.0.0.1:{server.port}" for server in servers)
+        proxied = ",".join(f"127.0.0.1:{proxy.port}" for proxy in proxies)
+        admins = [aioredis.Redis.from_url(server.url) for server in servers]
+        async with (
+            asynclock.connect(f"redlock://{direct}", ttl=ttl, prefix=prefix) as holder,
+            asynclock.connect(f"redlock://{proxied}", ttl=ttl, prefix=prefix) as waiter,
+        ):
+            await holder.lock("bh").acquire()
+            got = asyncio.Event()
+
+            async def wait_for_it() -> None:
+                async with waiter.lock("bh"):
+                    got.set()
+
+            task = asyncio.create_task(wait_for_it())
+            backend = redlock_backend(waiter)
+            channel = backend.nodes[0].channel("bh")
+
+            async def subscribed(count: int) -> None:
+                async with asyncio.timeout(ttl):
+                    while True:
+                        answers = [await admin.pubsub_numsub(channel) for admin in admins]
+                        if all(answer[0][1] >= count for answer in answers):
+                            return
+                        await asyncio.sleep(0.01)
+
+            await subscribed(1)
+            listeners = backend._listeners
+            arrived: list[bytes] = []
+            hooks = listeners[0]._hooks
+            real = hooks.released
+            hooks.released = lambda name, hold: (arrived.append(hold), real(name, hold))[1]  # type: ignore[method-assign]
+            before = [listener.reconnects for listener in listeners]
+            for listener, proxy in zip(listeners, proxies, strict=True):
+                proxy.blackhole_client(listener._conn._writer.get_extra_info("sockname")[1])
+            silenced = loop.time()
+            await eventually(
+                lambda: all(listener.reconnects > count for listener, count in zip(listeners, before, strict=True)),
+                ttl,
+                "every listener to notice its dead connection",
+            )
+            assert loop.time() - silenced <= ttl / 3 + scaled(0.5)
+            await subscribed(2)  # (the dead connections are still subscribed on the servers)
+            await holder.lock("bh").release()
+            released = loop.time()
+            await eventually(lambda: bool(arrived), ttl / 4, "the release messages to arrive")
+            await asyncio.wait_for(got.wait(), scaled(5))
+            assert loop.time() - released < ttl / 4
+            await asyncio.wait_for(task, scaled(5))
+        for admin in admins:
+            await admin.aclose()

@@ -9,13 +9,14 @@ tests each start a topology of their own.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
 
 import asynclock
-from asynclock import BackendUnavailable, LockLost, LockTimeout
+from asynclock import BackendUnavailable, ConfigurationError, LockLost, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.sentinel import SentinelBackend
 from tests import test_contract as contract
@@ -256,3 +257,29 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
             await locks.lock("ro").release()
             async with other.lock("ro"):
                 pass
+
+
+async def test_a_primary_that_refuses_the_client_is_a_configuration_error_naming_it(
+    shared_setup: SentinelSetup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Credentials or a database the primary refuses: raised at once by an
+    acquire that would wait for ever, naming the primary the sentinels gave,
+    quoting it, and never showing the password."""
+    caplog.set_level(logging.DEBUG, logger="asynclock")
+    wrong = "wr0ng-Pa55w0rd"
+    primary = shared_setup.current_primary_port()
+    for url, words in [
+        (
+            shared_setup.url.replace("redis+sentinel://", f"redis+sentinel://locker:{wrong}@"),
+            "invalid username-password",
+        ),
+        (f"{shared_setup.url}/99", "DB index is out of range"),
+    ]:
+        async with asynclock.connect(url) as locks:
+            with pytest.raises(ConfigurationError) as caught:
+                async with asyncio.timeout(scaled(3)):  # not retried for a ttl (30 s)
+                    await locks.lock("refused").acquire()
+        text = str(caught.value)
+        assert f"'mymaster' at 127.0.0.1:{primary}" in text and words in text, text
+        assert wrong not in text
+    assert all(wrong not in record.getMessage() for record in caplog.records)

@@ -9,7 +9,10 @@ family ``fair``, ``rw`` or ``sem`` and the name ``N`` is five keys sharing the
 * ``<base>``: ZSET of the holds, scored by the server-time (ms) at which each
   expires. Every hold has its own expiry, so a dead reader or semaphore holder
   lets go after its own ttl while the others keep theirs.
-* ``<base>:data``: HASH hold id -> ``"<mode> <token> <count>"``.
+* ``<base>:data``: HASH hold id -> ``"<mode> <token> <count>"``; for a
+  semaphore also ``#permits`` -> the number of permits its holders and
+  waiters use (a client that asks with another number is refused while any
+  of them is there: two numbers for one semaphore would let too many in).
 * ``<base>:queue``: LIST of the queued hold ids, oldest first.
 * ``<base>:waiting``: HASH queued hold id -> ``"<deadline ms> <ttl ms> <mode>
   <channel>"``: the entry's server-time deadline (a waiter keeps it alive by
@@ -46,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._errors import BackendUnavailable, LockError
+from .._errors import BackendUnavailable, ConfigurationError, LockError
 from .._legacy import LegacyBackend as Backend
 from .._legacy import Shape
 from .._values import LockInfo
@@ -89,6 +92,15 @@ local function keep(a, b, ms)
     redis.call('PEXPIRE', a, 2 * ms)
     redis.call('PEXPIRE', b, 2 * ms)
   end
+end
+
+-- whether anybody holds the resource or waits for it (expired holds pruned already)
+local function in_use()
+  if redis.call('ZCARD', H) > 0 then return true end
+  for _, w in ipairs(redis.call('HVALS', W)) do
+    if tonumber(string.match(w, '^(%d+)')) > now then return true end
+  end
+  return false
 end
 
 -- drop expired holds; how many
@@ -161,15 +173,22 @@ end
 # channel of the caller's client, ARGV[7] fence counter lifetime in ms, ARGV[8]
 # 1 on the first request of this hold id (it cannot hold or be queued yet)
 # returns {1, token} if ARGV[1] holds it now (just taken, or already: a retry,
-# a poll after a hand-over; its expiry is reset to ARGV[4]), or {0, ms until
+# a poll after a hand-over; its expiry is reset to ARGV[4]), {0, ms until
 # the first holder's lease ends (-1: no holder, or not asked), 1 if ARGV[1]
-# heads the queue}
+# heads the queue}, or {-1, permits} (nothing changed) for a semaphore whose
+# holders and waiters use another number of permits than ARGV[3]
 ACQUIRE = (
     _PRELUDE
     + """
 local hold, mode, permits, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local pruned = prune()
+if mode == 's' then
+  local agreed = tonumber(redis.call('HGET', D, '#permits') or permits)
+  if agreed ~= permits and in_use() then return {-1, agreed} end
+  redis.call('HSET', D, '#permits', permits)
+end
 local head
-if prune() == 0 and mode == 'x' and redis.call('ZCARD', H) > 0 then
+if pruned == 0 and mode == 'x' and redis.call('ZCARD', H) > 0 then
   -- held, and no hold ended since the last script served the queue: an
   -- exclusive request does not fit, and serving could at most drop dead
   -- entries (or, for readers behind a dead writer, wait for the next request)
@@ -207,15 +226,17 @@ return {0, hint, 1}
 )
 
 # KEYS[1..5] holds, data, queue, waiting, fence
-# ARGV[1] hold id, ARGV[2] permits, ARGV[3] 1: only leave the queue (a hold
-# stays), 0: also give up the hold, ARGV[4] fence counter lifetime in ms
+# ARGV[1] hold id, ARGV[2] permits (a semaphore's holders' own number wins),
+# ARGV[3] 1: only leave the queue (a hold stays), 0: also give up the hold,
+# ARGV[4] fence counter lifetime in ms
 # returns {1} released, {2, token} still held (ARGV[3] = 1, nothing changed),
 # {0} not a holder (its queue entry, if any, is gone); whatever it frees is
 # handed to the queue's head
 RELEASE = (
     _PRELUDE
     + """
-local hold, permits = ARGV[1], tonumber(ARGV[2])
+local hold = ARGV[1]
+local permits = tonumber(redis.call('HGET', D, '#permits') or ARGV[2])
 prune()
 local out = {0}
 if ARGV[3] == '1' then
@@ -301,6 +322,10 @@ return {out, waiting}
 )
 
 
+class _PermitsDiffer(ValueError):
+    """A semaphore acquired with another number of permits than its holders and waiters use."""
+
+
 @dataclass(slots=True, eq=False)
 class _Ticket:
     """One queued acquire of this client, waiting for its hand-over message."""
@@ -328,7 +353,11 @@ class Handovers:
         if listener is None:
             raise BackendUnavailable("the Redis backend is closed")
         routing = self._routing
-        if routing is None or (routing.done() and (routing.cancelled() or routing.exception() is not None)):
+        if (
+            routing is None
+            or (routing.done() and (routing.cancelled() or routing.exception() is not None))
+            or listener.failure is not None  # stopped on a refusal: try once more
+        ):
             routing = self._routing = asyncio.get_running_loop().create_task(
                 listener.route(self.channel, self.handle, self.resync), name="asynclock-redis-route"
             )
@@ -431,14 +460,14 @@ class RedisQueued:
         try:
             async with asyncio.timeout(bound):
                 if not backend.replicas:
-                    answer = await _call(self._acquire(keys=keys, args=args))
+                    answer = await _call(self._acquire(keys=keys, args=args), backend)
                     confirmed = 0
                 else:
                     # On the same connection, WAIT for the replicas: once this write is
                     # on them, so is every earlier one, a hand-over to this hold included.
                     answer, confirmed = await backend._script_then_wait(self._acquire, keys, args)
         except TimeoutError as exc:
-            raise BackendUnavailable(f"Redis did not answer within {bound:.3g}s") from exc
+            raise BackendUnavailable(f"{backend.where} did not answer within {bound:.3g} s") from exc
         if backend.replicas and int(answer[0]) == 1 and confirmed < backend.replicas:
             # Not on enough replicas: a failover now could lose it. Give it
             # back (to the next in line); the caller retries or fails.
@@ -448,6 +477,11 @@ class RedisQueued:
             )
         if int(answer[0]) == 1:
             return int(answer[1]), 0
+        if int(answer[0]) == -1:
+            raise _PermitsDiffer(
+                f"semaphore {name!r} is used with permits={int(answer[1])} by its holders and waiters;"
+                f" this handle asks for permits={self._permits} (every client must use the same number)"
+            )
         return -1, int(answer[1]) if int(answer[2]) == 1 else -2
 
     async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
@@ -456,6 +490,9 @@ class RedisQueued:
         deadline = None if timeout is None else started + timeout
         queue = timeout != 0
         handovers = self._backend.handovers()
+        listener = self._backend._listener
+        if listener is not None:
+            listener.note_ttl(ttl)  # its health check keeps up with this waiter's ttl
         if queue:
             await handovers.ready(self._backend)
         ticket = handovers.expect(hold)
@@ -474,10 +511,13 @@ class RedisQueued:
                 try:
                     token, hint = await self._enter(name, hold, ttl, queue, handovers, first)
                     break
-                except BackendUnavailable:
+                except BackendUnavailable as exc:
                     # Like the plain lock: a caller that waits for ever gives up
-                    # on a server that stays away for a ttl.
+                    # on a server that stays away for a ttl, and on one that
+                    # cannot even be connected to after the connect timeout.
                     limit = started + ttl if deadline is None else max(started + window, deadline)
+                    if exc.connect_timeout is not None:
+                        limit = min(limit, started + exc.connect_timeout)
                     if self._closed or loop.time() + delay >= limit:
                         raise
                     first = False  # it may have gone through
@@ -509,6 +549,9 @@ class RedisQueued:
                     return Acquired(ticket.token, confirmed_at=queued_at)
                 if self._closed:
                     raise BackendUnavailable("the Locks client was closed while this acquire was queued")
+                if listener is not None and listener.failure is not None:
+                    # The hand-over channel was refused: no message can reach this waiter.
+                    raise ConfigurationError(str(listener.failure)) from listener.failure.__cause__
                 now = loop.time()
                 if deadline is not None and now >= deadline:
                     return await self._leave(name, hold, queued_at)
@@ -530,10 +573,14 @@ class RedisQueued:
                 sent = loop.time()
                 try:
                     token, hint = await self._enter(name, hold, ttl, True, handovers)
-                except BackendUnavailable:
-                    # Our entry outlives a failing server for its ttl; past that it is gone anyway.
+                except BackendUnavailable as exc:
+                    # Our entry outlives a failing server for its ttl; past that it is
+                    # gone anyway. A server that cannot even be connected to is given
+                    # up on after the connect timeout.
                     failing_since = sent if failing_since is None else failing_since
                     if sent - queued_at >= ttl:
+                        raise
+                    if exc.connect_timeout is not None and sent - failing_since >= exc.connect_timeout:
                         raise
                     delay = 0.02 if failing_since == sent else min(delay * 2, RETRY_MAX)
                     hint = -2
@@ -542,6 +589,8 @@ class RedisQueued:
                 if token >= 0:
                     return Acquired(token, confirmed_at=sent)  # this poll reset the hold's expiry
                 queued_at = sent
+        except _PermitsDiffer:
+            raise  # the script changed nothing: nothing to give back
         except BaseException:
             # Cancelled, or failed: out of the queue, and a hand-over that raced
             # in is given back (which hands it to the next in line).
@@ -557,7 +606,9 @@ class RedisQueued:
 
     async def _leave(self, name: str, hold: str, queued_at: float) -> Acquired | None:
         """Time is up: leave the queue, unless the lock was handed over meanwhile."""
-        answer = await _call(self._release(keys=self._keys(name), args=[hold, self._permits, 1, FENCE_LIFETIME_MS]))
+        answer = await _call(
+            self._release(keys=self._keys(name), args=[hold, self._permits, 1, FENCE_LIFETIME_MS]), self._backend
+        )
         if int(answer[0]) == 2:
             return Acquired(int(answer[1]), confirmed_at=queued_at)
         return None
@@ -576,11 +627,13 @@ class RedisQueued:
             logger.info("could not give back %r of %r, it expires by itself: %r", hold, name, exc)
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
-        done = await _call(self._set_count(keys=self._keys(name), args=[hold, count, _ms(ttl)]))
+        done = await _call(self._set_count(keys=self._keys(name), args=[hold, count, _ms(ttl)]), self._backend)
         return bool(done)
 
     async def release(self, name: str, hold: str) -> bool:
-        answer = await _call(self._release(keys=self._keys(name), args=[hold, self._permits, 0, FENCE_LIFETIME_MS]))
+        answer = await _call(
+            self._release(keys=self._keys(name), args=[hold, self._permits, 0, FENCE_LIFETIME_MS]), self._backend
+        )
         return int(answer[0]) == 1
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
@@ -604,7 +657,7 @@ class RedisQueued:
                         results += [error if flag else False for flag in answer]
                         continue
                 else:
-                    answer = await _call(self._renew(keys=keys, args=args))
+                    answer = await _call(self._renew(keys=keys, args=args), self._backend)
             except BackendUnavailable as exc:
                 cause = exc.__cause__
                 # A demoted primary: whatever it holds is not the lock any more.
@@ -620,7 +673,7 @@ class RedisQueued:
         """Not used: a hand-over message is addressed to its waiter's client."""
 
     async def info(self, name: str) -> LockInfo:
-        found, waiting = await _call(self._info(keys=self._keys(name)))
+        found, waiting = await _call(self._info(keys=self._keys(name)), self._backend)
         key = self.lock_key(name)
         holders: list[tuple[str, int, int, float]] = []
         for i in range(0, len(found), 3):

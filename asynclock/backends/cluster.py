@@ -26,10 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 try:
     from redis import exceptions as redis_errors
@@ -41,15 +40,25 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from .._errors import BackendUnavailable, LockError
+from .._errors import BackendUnavailable, ConfigurationError, LockError
 from .._legacy import LOCK, Shape
 from .._legacy import LegacyBackend as Backend
 from .._legacy import legacy_unsupported as unsupported
-from .._options import DEFAULT_CONNECT_TIMEOUT
+from .._options import DEFAULT_CONNECT_TIMEOUT, mask_text, mask_url
 from .._values import LockInfo
 from ..abc import Acquired, BackendHooks, Busy, RenewItem
 from . import _redis_scripts as scripts
-from .redis import RedisBackend
+from .redis import (
+    DEFAULT_TTL,
+    RedisBackend,
+    _unreachable,
+    accepted,
+    check_options,
+    database,
+    health_interval,
+    next_message,
+    url_value,
+)
 
 __all__ = ["ClusterBackend"]
 
@@ -71,16 +80,16 @@ _UNAVAILABLE = (
 )
 
 
-async def _guard(awaitable: Awaitable[T]) -> T:
-    """Cluster client errors (some of them not RedisError) as BackendUnavailable."""
-    try:
-        return await awaitable
-    except LockError as exc:
-        if isinstance(exc, BackendUnavailable) or not isinstance(exc.__cause__, _UNAVAILABLE):
-            raise
-        raise BackendUnavailable(f"Redis Cluster is not available: {exc.__cause__!r}") from exc.__cause__
-    except _UNAVAILABLE as exc:
-        raise BackendUnavailable(f"Redis Cluster is not available: {exc!r}") from exc
+#: Options of redis-py's RedisCluster that the URL (or asynclock) sets itself.
+_FROM_URL = ("host", "port", "startup_nodes", "path")
+
+
+def cluster_options() -> dict[str, Any]:
+    """What ``redis.asyncio.RedisCluster`` takes, keyword or URL parameter (the nodes come from the URL)."""
+    found = accepted(RedisCluster)
+    for ours in _FROM_URL:
+        found.pop(ours, None)
+    return found
 
 
 class _AnyPrimaryParser(AsyncCommandsParser):
@@ -132,7 +141,15 @@ class ClusterBackend(RedisBackend):
         owns_client: bool = False,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
-        super().__init__(client, prefix=prefix, owns_client=owns_client, connect_timeout=connect_timeout)  # type: ignore[arg-type]
+        nodes = ",".join(node.name for node in client.startup_nodes)
+        super().__init__(
+            client,  # type: ignore[arg-type]
+            prefix=prefix,
+            owns_client=owns_client,
+            connect_timeout=connect_timeout,
+            where=f"Redis Cluster at {nodes}",
+        )
+        self._secrets.append(client.nodes_manager.connection_kwargs.get("password"))
         self._cluster = client
         self._release = client.register_script(scripts.RELEASE_SHARDED)
         self._shards: _ShardListener | None = None
@@ -146,34 +163,82 @@ class ClusterBackend(RedisBackend):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         **options: Any,
     ) -> ClusterBackend:
-        """``redis+cluster://[:password@]h1:p1,h2:p2,…[?option=…]``: any reachable nodes of the cluster."""
+        """``redis+cluster://[:password@]h1:p1,h2:p2,…[?option=…]``: any reachable nodes of the cluster.
+
+        Query parameters and ``options`` go to ``redis.asyncio.RedisCluster``;
+        one it does not take raises ValueError (naming the closest valid one)
+        before any I/O.
+        """
         parts = urlsplit(url)
         userinfo, _, hosts = parts.netloc.rpartition("@")
         nodes: list[ClusterNode] = []
         for host in hosts.split(","):
             name, _, port = host.strip().rpartition(":")
             if not name or not port.isdigit():
-                raise ValueError(f"a Redis Cluster URL names its nodes as host:port, got {host!r} in {url!r}")
+                raise ValueError(f"a Redis Cluster URL names its nodes as host:port, got {host!r} in {mask_url(url)}")
             nodes.append(ClusterNode(name, int(port)))
-        kwargs: dict[str, Any] = dict(parse_qsl(parts.query))
-        for key in ("socket_timeout", "socket_connect_timeout"):
-            if key in kwargs:
-                kwargs[key] = float(kwargs[key])
+        if database(parts.path, url):
+            raise ValueError(f"Redis Cluster has only database 0, got {mask_url(url)}")
+        valid = cluster_options()
+        check_options(url, options, valid, "redis+cluster://")
+        kwargs: dict[str, Any] = {
+            key: url_value(key, value, valid.get(key)) for key, value in parse_qsl(parts.query, keep_blank_values=True)
+        }
         if userinfo:
             user, _, password = userinfo.partition(":")
             if user:
-                kwargs["username"] = user
+                kwargs["username"] = unquote(user)
             if password:
-                kwargs["password"] = password
+                kwargs["password"] = unquote(password)
         kwargs.update(options)
         kwargs.setdefault("socket_connect_timeout", connect_timeout)
         # Fail fast on a dead node (the front retries requests itself): a
         # client that retries with backoff holds its topology refresh, and so
         # every other slot's requests, for a second per failed request.
         kwargs.setdefault("retry", Retry(NoBackoff(), 1))
-        client = RedisCluster(startup_nodes=nodes, **kwargs)
+        try:
+            client = RedisCluster(startup_nodes=nodes, **kwargs)
+        except redis_errors.RedisClusterException as exc:  # a bad option (no I/O yet)
+            raise ValueError(mask_text(str(exc), [kwargs.get("password")])) from None
         client.commands_parser = _AnyPrimaryParser(client)
         return cls(client, prefix=prefix, owns_client=True, connect_timeout=connect_timeout)
+
+    @classmethod
+    def from_client(
+        cls,
+        client: RedisCluster,  # type: ignore[override]
+        *,
+        prefix: str = "asynclock",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: Any,
+    ) -> ClusterBackend:
+        """A backend on a cluster client the caller made (and closes); it takes no options."""
+        check_options("", options, (), "a redis.asyncio.RedisCluster client")
+        return cls(client, prefix=prefix, owns_client=False, connect_timeout=connect_timeout)
+
+    def error(self, exc: BaseException) -> BaseException:
+        """Also the cluster client's own errors (some not RedisError) as ours."""
+        translated = super().error(exc)
+        if isinstance(translated, (BackendUnavailable, ConfigurationError)) or not isinstance(exc, _UNAVAILABLE):
+            return translated
+        # no node reachable yet, or the cluster settling (CLUSTERDOWN, TRYAGAIN)
+        cause = _unreachable(exc, self._connect_timeout)
+        error = BackendUnavailable(mask_text(f"{self.where} is not available: {cause or repr(exc)}", self._secrets))
+        if cause is not None:
+            error.connect_timeout = self._connect_timeout
+        return error
+
+    async def _guard(self, awaitable: Awaitable[T]) -> T:
+        """Cluster client errors that the single-Redis code does not catch (not RedisError) as ours."""
+        try:
+            return await awaitable
+        except LockError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, (BackendUnavailable, ConfigurationError)) or not isinstance(cause, _UNAVAILABLE):
+                raise
+            raise self.error(cause) from cause
+        except _UNAVAILABLE as exc:
+            raise self.error(exc) from exc
 
     def primitive(self, shape: Shape) -> Backend:
         """Only the plain lock: the other shapes hand over on a per-client channel, which a shard cannot route."""
@@ -196,22 +261,24 @@ class ClusterBackend(RedisBackend):
         return self._shards
 
     async def start(self, hooks: BackendHooks) -> None:
-        self._shards = _ShardListener(self._cluster, hooks, self.channel)
+        self._shards = _ShardListener(self, hooks, self.channel)
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
-        return await _guard(super().try_acquire(name, hold, ttl))
+        if self._shards is not None:
+            self._shards.note_ttl(ttl)
+        return await self._guard(super().try_acquire(name, hold, ttl))
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
-        return await _guard(super().set_count(name, hold, count, ttl))
+        return await self._guard(super().set_count(name, hold, count, ttl))
 
     async def release(self, name: str, hold: str) -> bool:
-        return await _guard(super().release(name, hold))
+        return await self._guard(super().release(name, hold))
 
     async def info(self, name: str) -> LockInfo:
-        return await _guard(super().info(name))
+        return await self._guard(super().info(name))
 
     async def names(self) -> list[str]:
-        return await _guard(super().names())
+        return await self._guard(super().names())
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
         """One script call per slot, all slots in parallel, each bounded on its own."""
@@ -228,7 +295,7 @@ class ClusterBackend(RedisBackend):
                 async with asyncio.timeout(min(item.ttl for item in group) / 4):
                     return await RedisBackend.renew(self, group)
             except (*_UNAVAILABLE, TimeoutError) as exc:
-                return [BackendUnavailable(f"Redis Cluster is not available: {exc!r}")] * len(indexes)
+                return [self.error(exc)] * len(indexes)
 
         answers = await asyncio.gather(*(renew_slot(indexes) for indexes in groups.values()))
         results: list[bool | BaseException] = [False] * len(items)
@@ -254,16 +321,27 @@ class ClusterBackend(RedisBackend):
 
 
 class _ShardListener:
-    """Sharded pub/sub: one connection per node that serves a wanted channel."""
+    """Sharded pub/sub: one connection per node that serves a wanted channel.
 
-    def __init__(self, cluster: RedisCluster, hooks: BackendHooks, channel_of: Any) -> None:
-        self._cluster = cluster
+    Each connection is checked like the single-Redis listener's (a dead one is
+    replaced within ttl/3 of the shortest lock ttl it serves), and stops on a
+    refusal no retry can fix; the next subscribe tries again and raises it.
+    """
+
+    def __init__(self, backend: ClusterBackend, hooks: BackendHooks, channel_of: Any) -> None:
+        self.backend = backend
+        self._cluster = backend.cluster
         self._hooks = hooks
+        self.ttl = DEFAULT_TTL
         self._channel_of = channel_of
         self._names: dict[bytes, str] = {}  # wanted channel -> lock name
         self._shards: dict[str, _Shard] = {}  # node name -> its connection
         self._refreshing: asyncio.Task[None] | None = None
         self.moves = 0  # channels the server dropped or we moved to another node (tests)
+
+    def note_ttl(self, ttl: float) -> None:
+        """A lock of ``ttl`` seconds relies on these connections: check them often enough for that ttl."""
+        self.ttl = min(self.ttl, ttl)
 
     def node_for(self, channel: bytes) -> ClusterNode:
         """The primary that serves ``channel``'s slot, as the client's slot map says."""
@@ -287,7 +365,11 @@ class _ShardListener:
             logger.info("no node for %r yet, will subscribe after a refresh: %r", name, exc)
             self.reroute()
             return
-        await self._shard(node).subscribe(channel)
+        shard = self._shard(node)
+        await shard.subscribe(channel)
+        failure = shard.failure
+        if failure is not None:
+            raise ConfigurationError(str(failure)) from failure.__cause__
 
     async def unsubscribe(self, name: str) -> None:
         channel = self._channel_of(name).encode()
@@ -332,7 +414,11 @@ class _ShardListener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: try again later
-                logger.info("redis cluster pub/sub: cannot place channels yet: %r", exc)
+                if isinstance(exc, ConfigurationError) or isinstance(self.backend.error(exc), ConfigurationError):
+                    logger.warning("redis cluster pub/sub refused, not retrying: %s", self.backend.describe(exc))
+                    self._hooks.wake_all()
+                    return
+                logger.info("redis cluster pub/sub: cannot place channels yet: %s", self.backend.describe(exc))
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -356,11 +442,16 @@ class _Shard:
         self._leaving: set[bytes] = set()  # channels we unsubscribe ourselves
         self._conn: Any = None
         self._connected = asyncio.Event()
+        self._settled = asyncio.Event()  # the current connection attempt succeeded or failed
         self._task: asyncio.Task[None] | None = None
         self._resubscribing: set[bytes] = set()
+        #: Why this connection stopped: a refusal no retry can fix (None while it runs).
+        self.failure: ConfigurationError | None = None
 
     def _ensure_task(self) -> None:
         if self._task is None or self._task.done():
+            self.failure = None
+            self._settled.clear()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="asynclock-cluster-pubsub")
 
     async def subscribe(self, channel: bytes) -> bool:
@@ -368,6 +459,12 @@ class _Shard:
         self.channels.add(channel)
         self._leaving.discard(channel)
         self._ensure_task()
+        if not self._connected.is_set():
+            # Wait (briefly) for the connection attempt under way, so that a
+            # refusal no retry can fix reaches the caller (see ``failure``).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SUBSCRIBE_TIMEOUT):
+                    await self._settled.wait()
         conn = self._conn
         if conn is None or not self._connected.is_set():
             return False  # subscribed (and waiters woken) once connected
@@ -396,6 +493,7 @@ class _Shard:
 
     async def _run(self) -> None:
         delay = 0.02
+        owner = self._owner
         while True:
             conn = None
             try:
@@ -406,30 +504,45 @@ class _Shard:
                 }
                 kwargs.update(socket_timeout=None, decode_responses=False, protocol=2)
                 conn = Connection(**kwargs)
-                await conn.connect()  # type: ignore[no-untyped-call]
+                # The handshake has no read timeout of its own: bounded here.
+                async with asyncio.timeout(owner.backend._connect_timeout + health_interval(owner.ttl)):
+                    await conn.connect()  # type: ignore[no-untyped-call]
                 self._conn = conn
                 self._connected.set()
+                self._settled.set()
                 # channels (re)subscribed here after a gap: wake everyone once confirmed
                 self._resubscribing = set(self.channels)
                 if self.channels:
                     await conn.send_command("SSUBSCRIBE", *self.channels)
                 while True:
-                    message = await conn.read_response(timeout=math.inf)
+                    message = await next_message(conn, health_interval(owner.ttl))
                     delay = 0.02
                     self._handle(message)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: reconnect (the node may be gone)
-                logger.info("redis cluster pub/sub connection to %s lost: %r", self._node.name, exc)
+                error = owner.backend.error(exc)
+                if isinstance(error, ConfigurationError):
+                    error.__cause__ = exc
+                    self.failure = error
+                    logger.warning("redis cluster pub/sub connection refused, not retrying: %s", error)
+                else:
+                    logger.info(
+                        "redis cluster pub/sub connection to %s lost: %s", self._node.name, owner.backend.describe(exc)
+                    )
             finally:
                 self._connected.clear()
+                self._settled.set()
                 self._conn = None
                 self._settle(False)
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.disconnect()
+            if self.failure is not None:
+                owner.wake_all()  # each waiter tries again, and meets the refusal itself
+                return
             if self.channels:
-                self._owner.reroute()  # the slot may live elsewhere now
+                owner.reroute()  # the slot may live elsewhere now
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 

@@ -48,7 +48,7 @@ import logging
 import random
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 try:
     import redis.asyncio as aioredis
@@ -57,15 +57,15 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redlock backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from .._errors import BackendUnavailable
+from .._errors import BackendUnavailable, ConfigurationError, LockError
 from .._legacy import LOCK, Shape
 from .._legacy import LegacyBackend as Backend
 from .._legacy import legacy_unsupported as unsupported
-from .._options import DEFAULT_CONNECT_TIMEOUT
+from .._options import DEFAULT_CONNECT_TIMEOUT, mask_url, seconds, take_query
 from .._timing import drift
 from .._values import LockInfo, LossReason
 from ..abc import Acquired, BackendHooks, Busy, RenewItem
-from .redis import RedisBackend, _Listener
+from .redis import RedisBackend, _Listener, check_options, connection_options, database
 
 __all__ = ["RedlockBackend"]
 
@@ -109,12 +109,16 @@ class RedlockBackend:
         prefix: str = "asynclock",
         owns_clients: bool = False,
         node_timeout: float | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         if len(clients) < 1:
             raise ValueError("Redlock needs at least one Redis node")
         if node_timeout is not None and not node_timeout > 0:
             raise ValueError(f"node_timeout must be > 0, got {node_timeout!r}")
-        self._nodes = [RedisBackend(client, prefix=prefix, owns_client=owns_clients) for client in clients]
+        self._nodes = [
+            RedisBackend(client, prefix=prefix, owns_client=owns_clients, connect_timeout=connect_timeout)
+            for client in clients
+        ]
         self._node_timeout = node_timeout
         self._quorum = quorum(len(clients))
         self._listeners: list[_ReleaseListener] = []
@@ -132,28 +136,33 @@ class RedlockBackend:
     ) -> RedlockBackend:
         """``redlock://[user:password@]h1:p1,h2:p2,…[/db][?node_timeout=0.2&…]``.
 
-        Other query parameters and ``options`` go to every node's client.
+        Other query parameters and ``options`` go to every node's client
+        (``redis.asyncio.Redis.from_url``); one it does not take raises
+        ValueError (naming the closest valid one) before any I/O.
         """
-        parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        rest, own = take_query(url, ("node_timeout",))
+        parts = urlsplit(rest)
+        check_options(
+            rest, options, {*connection_options(aioredis.Connection), "node_timeout"}, "redlock://", taken=own
+        )
         node_timeout: float | None = None
-        raw_timeout = query.pop("node_timeout", options.pop("node_timeout", None))
+        raw_timeout = options.pop("node_timeout", own.get("node_timeout"))
         if raw_timeout is not None:
-            try:
-                node_timeout = float(raw_timeout)
-            except ValueError as exc:
-                raise ValueError(f"bad node_timeout in Redlock URL: {raw_timeout!r}") from exc
+            node_timeout = seconds(raw_timeout, "node_timeout")
+        database(parts.path, url)
         userinfo, _, hosts = parts.netloc.rpartition("@")
         addresses = [host.strip() for host in hosts.split(",") if host.strip()]
         if not addresses:
-            raise ValueError(f"a Redlock URL names its nodes: redlock://h1:p1,h2:p2,h3:p3, not {url!r}")
+            raise ValueError(f"a Redlock URL names its nodes: redlock://h1:p1,h2:p2,h3:p3, not {mask_url(url)}")
         # Fail fast on a dead node: the per-node timeout is the only wait we want.
         options.setdefault("retry", Retry(NoBackoff(), 0))
         options.setdefault("socket_connect_timeout", connect_timeout)
         auth = f"{userinfo}@" if userinfo else ""
-        rest = f"{parts.path}?{urlencode(query)}" if query else parts.path
-        clients = [aioredis.Redis.from_url(f"redis://{auth}{address}{rest}", **options) for address in addresses]
-        return cls(clients, prefix=prefix, owns_clients=True, node_timeout=node_timeout)
+        tail = f"{parts.path}?{parts.query}" if parts.query else parts.path
+        clients = [aioredis.Redis.from_url(f"redis://{auth}{address}{tail}", **options) for address in addresses]
+        return cls(
+            clients, prefix=prefix, owns_clients=True, node_timeout=node_timeout, connect_timeout=connect_timeout
+        )
 
     @property
     def nodes(self) -> list[RedisBackend]:
@@ -212,12 +221,14 @@ class RedlockBackend:
 
     async def start(self, hooks: BackendHooks) -> None:
         wake = _DelayedWake(hooks, self._wakes)
-        self._listeners = [_ReleaseListener(node.client, wake, node.channel) for node in self._nodes]
+        self._listeners = [_ReleaseListener(node, wake, node.channel) for node in self._nodes]
 
     async def try_acquire(self, name: str, hold: str, ttl: float) -> Acquired | Busy:
         loop = asyncio.get_running_loop()
         sent = loop.time()
         self._ttl_hint = ttl
+        for listener in self._listeners:
+            listener.note_ttl(ttl)
         answers = await self._each(ttl, lambda node: node.try_acquire(name, hold, ttl))
         valid_until = sent + ttl - drift(ttl)
         got = sum(1 for answer in answers if isinstance(answer, Acquired))
@@ -260,7 +271,7 @@ class RedlockBackend:
             answers = [node if isinstance(node, BaseException) else node[index] for node in per_node]
             try:
                 results.append(self._verdict(answers, "renew"))
-            except BackendUnavailable as exc:
+            except LockError as exc:
                 results.append(exc)
         return results
 
@@ -275,7 +286,15 @@ class RedlockBackend:
                 async with asyncio.timeout(timeout):
                     await listener.subscribe(name)
 
-        await asyncio.gather(*(one(listener) for listener in self._listeners))
+        answers = await asyncio.gather(*(one(listener) for listener in self._listeners), return_exceptions=True)
+        refused = [answer for answer in answers if isinstance(answer, ConfigurationError)]
+        if len(refused) > len(self._nodes) - self._quorum:
+            raise refused[0]  # no majority can tell this client of a release
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, LockError):
+                raise answer
+            if isinstance(answer, ConfigurationError):
+                logger.warning("a Redlock node refused this client: %s", answer)
 
     async def unsubscribe(self, name: str) -> None:
         timeout = self.node_timeout(self._longest_ttl())
@@ -336,9 +355,28 @@ class RedlockBackend:
         return self._ttl_hint
 
 
-def _no_quorum(what: str, yes: int, nodes: int, needed: int, errors: Sequence[BaseException]) -> BackendUnavailable:
-    detail = "; ".join(sorted({repr(error) for error in errors})[:3]) or "no errors"
+def _no_quorum(what: str, yes: int, nodes: int, needed: int, errors: Sequence[BaseException]) -> LockError:
+    """Why no majority answered: a ConfigurationError if refusals alone leave no majority.
+
+    When every failing node could not be connected to at all, the error
+    carries the connect timeout (a caller gives up after it, not after a ttl).
+    """
+    detail = "; ".join(sorted({str(error) for error in errors})[:3]) or "no errors"
+    refused = [error for error in errors if isinstance(error, ConfigurationError)]
+    error: LockError
+    if len(refused) > nodes - needed:
+        every = "; ".join(str(error) for error in refused)  # each names its node
+        error = ConfigurationError(f"Redlock could not {what}: {len(refused)} of {nodes} nodes refused: {every}")
+        error.__cause__ = refused[0]
+        return error
     error = BackendUnavailable(f"Redlock could not {what} on a majority ({yes} of {nodes}, {needed} needed): {detail}")
+    unreachable = [
+        error.connect_timeout
+        for error in errors
+        if isinstance(error, BackendUnavailable) and error.connect_timeout is not None
+    ]
+    if errors and len(unreachable) + len(refused) == len(errors) and unreachable:
+        error.connect_timeout = max(unreachable)
     if errors:
         error.__cause__ = errors[0]
     return error

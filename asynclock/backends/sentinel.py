@@ -24,20 +24,42 @@ never as success, and an acquire there is retried on the new primary.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 try:
     import redis.asyncio as aioredis
     from redis import exceptions as redis_errors
-    from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
+    from redis.asyncio.retry import Retry
+    from redis.asyncio.sentinel import (
+        MasterNotFoundError,
+        Sentinel,
+        SentinelConnectionPool,
+        SentinelManagedConnection,
+    )
+    from redis.backoff import NoBackoff
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Sentinel backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from .._options import DEFAULT_CONNECT_TIMEOUT
-from .redis import RedisBackend, _check_replicas
+from .._options import DEFAULT_CONNECT_TIMEOUT, mask_url, take_query
+from .redis import (
+    OWN_OPTIONS,
+    RedisBackend,
+    _check_replicas,
+    _refusal,
+    _replica_options,
+    _unreachable,
+    accepted,
+    check_options,
+    database,
+    tag,
+    url_value,
+)
 
 __all__ = ["SentinelBackend"]
+
+#: Options of the sentinels themselves (the others go to the data connections).
+SENTINEL_OWN = ("sentinel_password",)
 
 
 class _FollowingConnection(SentinelManagedConnection):
@@ -47,6 +69,14 @@ class _FollowingConnection(SentinelManagedConnection):
     renewal would treat as "try again"; a lock must treat it as "not yours
     here", so the original error is kept.
     """
+
+    async def connect_to(self, address: tuple[str, int]) -> None:
+        try:
+            await super().connect_to(address)  # type: ignore[no-untyped-call]
+        except redis_errors.RedisError as exc:
+            # name the primary the sentinels gave in what the error says
+            tag(exc, f"Redis primary {self.connection_pool.service_name!r} at {address[0]}:{address[1]}")
+            raise
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -58,6 +88,54 @@ class _FollowingConnection(SentinelManagedConnection):
             # that the single-Redis backend recognises the answer as READONLY.
             text = str(exc)
             raise redis_errors.ReadOnlyError(text if text.startswith("READONLY") else f"READONLY {text}") from exc
+
+
+class _Sentinels(Sentinel):
+    """Asks each sentinel in turn where the primary is, keeping why each one failed.
+
+    When no sentinel answers, the error says why (the first sentinel's error
+    is its cause): every sentinel refused this client (a wrong
+    ``sentinel_password``, a TLS certificate) is a refusal no retry can fix,
+    none could be connected to is an unreachable group; a sentinel that
+    answers without a healthy primary of that name is neither.
+    """
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        failures: list[BaseException] = []
+        for index, sentinel in enumerate(self.sentinels):
+            try:
+                masters = cast(dict[str, Any], await sentinel.sentinel_masters())
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+                tag(exc, f"Redis sentinel at {_address_of(sentinel)}")
+                failures.append(exc)
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                # the sentinel that knew is asked first next time
+                self.sentinels[0], self.sentinels[index] = sentinel, self.sentinels[0]
+                forced = getattr(self, "_force_master_ip", None)
+                host = forced if forced is not None else state["ip"]
+                return host, state["port"]
+        if failures and len(failures) == len(self.sentinels):
+            refused = [error for error in failures if _refusal(error) is not None]
+            if refused:
+                raise refused[0]
+            if all(_unreachable(error, None) is not None for error in failures):
+                raise MasterNotFoundError(f"no sentinel could be reached for {service_name!r}") from failures[0]
+        raise MasterNotFoundError(f"no sentinel names a healthy primary {service_name!r}")
+
+
+def _address_of(client: aioredis.Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    return f"{kwargs.get('host')}:{kwargs.get('port')}"
+
+
+def sentinel_options() -> dict[str, Any]:
+    """What redis-py's Sentinel and ``master_for`` take, for the sentinels and the data connections."""
+    found = accepted(Sentinel, Sentinel.master_for, SentinelConnectionPool, _FollowingConnection)
+    for ours in ("sentinels", "service_name", "sentinel_manager", "connection_pool", "connection_class"):
+        found.pop(ours, None)
+    return found
 
 
 class SentinelBackend(RedisBackend):
@@ -81,11 +159,22 @@ class SentinelBackend(RedisBackend):
         owns_client: bool = False,
         replicas: int = 0,
         replica_timeout: float = 0.5,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        service: str = "",
     ) -> None:
+        hosts = ",".join(_address_of(each) for each in sentinel.sentinels)
         super().__init__(
-            client, prefix=prefix, owns_client=owns_client, replicas=replicas, replica_timeout=replica_timeout
+            client,
+            prefix=prefix,
+            owns_client=owns_client,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            connect_timeout=connect_timeout,
+            where=f"Redis primary {service!r} via the sentinels at {hosts}",
         )
         self._sentinel = sentinel
+        sentinel_password = getattr(sentinel, "sentinel_kwargs", {}).get("password")
+        self._secrets.append(sentinel_password)
 
     @classmethod
     def from_url(
@@ -100,29 +189,33 @@ class SentinelBackend(RedisBackend):
 
         The password is the data nodes'; ``sentinel_password`` (query or
         option) is the sentinels'. Other query parameters and ``options`` go
-        to the data connections (``socket_timeout``, ``db``, …), except
-        ``replicas`` and ``replica_timeout``, which work as on ``redis://``
-        (each acquire and renewal confirmed by that many replicas, so that a
-        failover to one of them keeps the lock).
+        to redis-py's Sentinel and to the data connections (``socket_timeout``,
+        ``db``, …), except ``replicas`` and ``replica_timeout``, which work as
+        on ``redis://`` (each acquire and renewal confirmed by that many
+        replicas, so that a failover to one of them keeps the lock). Raises
+        ValueError for an option none of them takes and for a database that
+        is not a number, before any I/O.
         """
-        parts = urlsplit(url)
+        rest, own = take_query(url, (*OWN_OPTIONS, *SENTINEL_OWN))
+        parts = urlsplit(rest)
         userinfo, _, hosts = parts.netloc.rpartition("@")
         addresses: list[tuple[str, int]] = []
         for host in hosts.split(","):
             name, _, port = host.strip().rpartition(":")
             if not name or not port.isdigit():
-                raise ValueError(f"a Sentinel URL names its sentinels as host:port, got {host!r} in {url!r}")
+                raise ValueError(f"a Sentinel URL names its sentinels as host:port, got {host!r} in {mask_url(url)}")
             addresses.append((name, int(port)))
         path = [piece for piece in parts.path.split("/") if piece]
         if not path or len(path) > 2:
-            raise ValueError(f"a Sentinel URL ends in /service_name[/db], got {url!r}")
+            raise ValueError(f"a Sentinel URL ends in /service_name[/db], got {mask_url(url)}")
         service = unquote(path[0])
-        kwargs: dict[str, Any] = dict(parse_qsl(parts.query))
-        for key in ("socket_timeout", "socket_connect_timeout"):
-            if key in kwargs:
-                kwargs[key] = float(kwargs[key])
+        valid = sentinel_options()
+        check_options(rest, options, {*valid, *OWN_OPTIONS, *SENTINEL_OWN}, "redis+sentinel://", taken=own)
+        kwargs: dict[str, Any] = {
+            key: url_value(key, value, valid.get(key)) for key, value in parse_qsl(parts.query, keep_blank_values=True)
+        }
         if len(path) == 2:
-            kwargs["db"] = int(path[1])
+            kwargs["db"] = database(path[1], url)
         if userinfo:
             user, _, password = userinfo.partition(":")
             if user:
@@ -131,24 +224,29 @@ class SentinelBackend(RedisBackend):
                 kwargs["password"] = unquote(password)
         kwargs.update(options)
         kwargs.setdefault("socket_connect_timeout", connect_timeout)
-        replicas: Any = kwargs.pop("replicas", 0)
-        replica_timeout: Any = kwargs.pop("replica_timeout", 0.5)
-        try:  # URL query values are text
-            replicas = int(replicas) if isinstance(replicas, str) else replicas
-            replica_timeout = float(replica_timeout) if isinstance(replica_timeout, str) else replica_timeout
-        except ValueError as exc:
-            raise ValueError(f"bad replicas/replica_timeout option in the URL: {exc}") from None
+        replicas, replica_timeout = _replica_options(kwargs, own)
         _check_replicas(replicas, replica_timeout)  # before any connection exists
-        sentinel_kwargs: dict[str, Any] = {
+        sentinel_password = kwargs.pop("sentinel_password", own.get("sentinel_password"))
+        group = {key: kwargs.pop(key) for key in ("min_other_sentinels", "force_master_ip") if key in kwargs}
+        sentinel_kwargs: dict[str, Any] = kwargs.pop("sentinel_kwargs", None) or {
             key: value for key, value in kwargs.items() if key in ("socket_timeout", "socket_connect_timeout")
         }
-        sentinel_password = kwargs.pop("sentinel_password", None)
+        # The front retries; redis-py's default backoff (1 s, 2 s, …) between
+        # sentinels that refuse would outlast the connect timeout.
+        sentinel_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
         if sentinel_password is not None:
             sentinel_kwargs["password"] = sentinel_password
-        sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+        sentinel = _Sentinels(addresses, sentinel_kwargs=sentinel_kwargs, **group)  # type: ignore[no-untyped-call]
         client = sentinel.master_for(service, connection_class=_FollowingConnection, **kwargs)
         return cls(
-            sentinel, client, prefix=prefix, owns_client=True, replicas=replicas, replica_timeout=replica_timeout
+            sentinel,
+            client,
+            prefix=prefix,
+            owns_client=True,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            connect_timeout=connect_timeout,
+            service=service,
         )
 
     @property
