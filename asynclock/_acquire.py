@@ -29,13 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from ._errors import BackendUnavailable, ConfigurationError, LockError, LockTimeout, unavailable
 from ._lease import Lease
 from ._release import release_by_identity, settle
 from ._timing import REQUEST_WINDOW, Backoff, request_window
-from .abc import Acquired, Busy, Queued
+from .abc import Acquired, Busy, Queued, Queues
 
 if TYPE_CHECKING:
     from ._lock import Lock
@@ -91,7 +91,8 @@ async def acquire_new(lock: Lock, owner: str, timeout: float | None) -> Lease:
         if isinstance(result, Busy) and deadline is not None and loop.time() >= deadline:
             _give_up(lock, hold, owner, result, timeout, started)
     backoff = Backoff()
-    failing_since: float | None = None
+    # (a first try that got no answer counts towards giving up on the server)
+    failing_since: float | None = started if isinstance(result, BaseException) else None
     last_busy: Busy | None = result if isinstance(result, Busy) else None
     watching = hub.watch(lock.name) if notifies else contextlib.nullcontext(None)
     async with watching as waiter:
@@ -230,6 +231,7 @@ async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float 
     """Wait until the queued hold of ``inq`` is granted, or the deadline passes (then leave the queue)."""
     locks = lock._locks
     backend = locks._backend
+    queues = cast(Queues, backend)  # it answered Queued
     lease = inq.lease
     queued = inq.queued
     loop = asyncio.get_running_loop()
@@ -253,7 +255,7 @@ async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float 
             until = poll if until is None else min(until, poll)
         locks._waits[task] = False
         try:
-            result = await backend.wait_queued(lock._ref, lease._hold, lock.ttl, until)
+            result = await queues.wait_queued(lock._ref, lease._hold, lock.ttl, until)
         except asyncio.CancelledError:
             closed_by_client = locks._wait_ended(task)
             # Out of the queue, and a grant that raced in is given back.

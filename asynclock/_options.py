@@ -88,6 +88,32 @@ def whole(value: object, what: str, *, minimum: int = 0) -> int:
     return value
 
 
+def host_list(hosts: str, url: str, what: str) -> list[tuple[str, int]]:
+    """``h1:p1,h2:p2`` (a URL's hosts) as (host, port) pairs.
+
+    ValueError ``"<what> as host:port, got …"`` for a host without a port,
+    with ``url`` shown masked.
+    """
+    pairs: list[tuple[str, int]] = []
+    for host in hosts.split(","):
+        name, _, port = host.strip().rpartition(":")
+        if not name or not port.isdigit():
+            raise ValueError(f"{what} as host:port, got {host!r} in {mask_url(url)}")
+        pairs.append((name, int(port)))
+    return pairs
+
+
+def credentials(userinfo: str) -> dict[str, str]:
+    """``username`` and ``password`` of a URL's userinfo (``user:password``), percent-decoded, those given."""
+    found: dict[str, str] = {}
+    user, _, password = userinfo.partition(":")
+    if user:
+        found["username"] = unquote(user)
+    if password:
+        found["password"] = unquote(password)
+    return found
+
+
 def mask_url(url: str) -> str:
     """``url`` with the password of its userinfo (and any ``password=`` parameter) replaced by ``***``."""
     try:

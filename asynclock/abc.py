@@ -15,8 +15,8 @@ Acquiring:
   :class:`Queued` (this hold waits in the server's queue). It must be
   idempotent for the same hold id: a retry after an ambiguous failure answers
   ``Acquired`` again if the first attempt went through.
-* ``wait_queued(ref, hold, ttl, until)`` (queueing backends) waits for a
-  queued hold to be granted, at most until the loop time ``until`` (None: no
+* ``wait_queued(ref, hold, ttl, until)`` (queueing backends, :class:`Queues`)
+  waits for a queued hold to be granted, at most until the loop time ``until`` (None: no
   limit), and answers ``Acquired`` or ``Queued`` (still waiting; the front
   calls again). It runs in the caller's task: when that task is cancelled the
   front releases the hold by identity afterwards, so the backend only has to
@@ -68,6 +68,7 @@ __all__ = [
     "LockRef",
     "Notifies",
     "Queued",
+    "Queues",
     "RenewItem",
     "unsupported",
 ]
@@ -193,9 +194,6 @@ class Backend(Protocol):
     async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
         """Take the lock for ``hold`` if free (or already held by ``hold``), else queue it if ``enqueue``."""
 
-    async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
-        """Wait for a queued ``hold`` to be granted, at most until the loop time ``until``."""
-
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
         """Record ``count`` holds for ``hold``; False if ``hold`` no longer holds it."""
 
@@ -210,6 +208,13 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Stop listeners and close what the backend opened (not what it was given)."""
+
+
+class Queues(Protocol):
+    """A backend whose server queues waiters: it may answer ``Queued``, and then waits here."""
+
+    async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
+        """Wait for a queued ``hold`` to be granted, at most until the loop time ``until``."""
 
 
 @runtime_checkable

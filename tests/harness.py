@@ -140,16 +140,15 @@ def handovers_dropped(locks: asynclock.Locks) -> Iterator[list[bytes]]:
     """Hand-over messages to the Redis client ``locks`` vanish (as if published
     while it reconnected) until the block ends; yields the list of those dropped."""
     backend = redis_backend(locks)
-    listener = backend._listener
-    assert listener is not None
-    channel = backend.handovers().channel.encode()
+    pubsub = backend._pubsub
+    channel = backend._handovers.channel.encode()
     dropped: list[bytes] = []
-    real = listener._routes[channel]
-    listener._routes[channel] = (dropped.append, real[1])
+    real = pubsub._routes[channel]
+    pubsub._routes[channel] = (dropped.append, real[1])
     try:
         yield dropped
     finally:
-        listener._routes[channel] = real
+        pubsub._routes[channel] = real
 
 
 async def eventually(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:

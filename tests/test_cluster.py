@@ -114,7 +114,7 @@ async def test_renewals_are_one_script_call_per_slot(harness: ClusterHarness, cl
     backend = cluster_backend(locks)
     names = [f"slot-{i}" for i in range(12)]
     leases = [await locks.lock(name).acquire() for name in names]
-    slots = {backend.cluster.keyslot(backend.lock_key(name)) for name in names}
+    slots = {backend.cluster.keyslot(backend.lock_key(LockRef("lock", name))) for name in names}
     assert len(slots) > 3, "the names should spread over several slots (and nodes)"
     items = [RenewItem(LockRef("lock", lease.name), lease._hold, scaled(30)) for lease in leases]
     assert await backend.renew(items) == [True] * len(items)  # loads the script on every node
@@ -150,7 +150,7 @@ async def test_a_slot_that_moves_during_a_hold(harness: ClusterHarness, cluster:
     waiter = harness.connect(ttl=scaled(20))
     lease = await holder.lock("moving").acquire()
     backend = cluster_backend(holder)
-    slot = backend.cluster.keyslot(backend.lock_key("moving"))
+    slot = backend.cluster.keyslot(backend.lock_key(LockRef("lock", "moving")))
     channel = backend.channel("moving")
     order: list[str] = []
 
@@ -168,7 +168,7 @@ async def test_a_slot_that_moves_during_a_hold(harness: ClusterHarness, cluster:
     assert await backend.renew([RenewItem(LockRef("lock", "moving"), lease._hold, scaled(20))]) == [True]
     new_node = aioredis.Redis(host="127.0.0.1", port=target.port)
     try:
-        assert await new_node.exists(backend.lock_key("moving")) == 1
+        assert await new_node.exists(backend.lock_key(LockRef("lock", "moving"))) == 1
         # the waiter's client was unsubscribed by the old node and subscribed on the new one
         async with asyncio.timeout(scaled(10)):
             while channel.encode() not in await shard_channels(new_node):
@@ -196,7 +196,7 @@ async def test_a_silently_dead_shard_connection_is_replaced_and_releases_arrive_
     holder = harness.connect(ttl=ttl)
     backend = cluster_backend(holder)
     name = "blackholed"
-    node = cluster.owner_of(backend.cluster.keyslot(backend.lock_key(name)))
+    node = cluster.owner_of(backend.cluster.keyslot(backend.lock_key(LockRef("lock", name))))
     channel = backend.channel(name).encode()
     admin = aioredis.Redis(host="127.0.0.1", port=node.port)
 
@@ -306,7 +306,10 @@ async def test_a_dead_primary_costs_only_the_locks_in_its_slots(own_cluster: Clu
         backend = cluster_backend(holder)
         victim = own_cluster.servers[0]
         names = [f"n{i}" for i in range(40)]
-        owners = {name: own_cluster.owner_of(backend.cluster.keyslot(backend.lock_key(name))) for name in names}
+        owners = {
+            name: own_cluster.owner_of(backend.cluster.keyslot(backend.lock_key(LockRef("lock", name))))
+            for name in names
+        }
         doomed = next(name for name in names if owners[name] is victim)
         spared = next(name for name in names if owners[name] is not victim)
         lease = await holder.lock(doomed).acquire()
@@ -336,7 +339,10 @@ async def test_a_paused_primary_stalls_nobody_past_their_bounds(own_cluster: Clu
         backend = cluster_backend(holder)
         frozen = own_cluster.servers[1]
         names = [f"p{i}" for i in range(40)]
-        owners = {name: own_cluster.owner_of(backend.cluster.keyslot(backend.lock_key(name))) for name in names}
+        owners = {
+            name: own_cluster.owner_of(backend.cluster.keyslot(backend.lock_key(LockRef("lock", name))))
+            for name in names
+        }
         stuck = next(name for name in names if owners[name] is frozen)
         free = next(name for name in names if owners[name] is not frozen)
         lease = await holder.lock(stuck).acquire()

@@ -12,7 +12,6 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.abc import LockRef
 from tests.faults import hygiene
 from tests.harness import Harness
 from tests.servers import RedisServer, scaled
@@ -317,7 +316,7 @@ async def test_one_unexpected_renew_error_does_not_stop_the_watchdog(redis_serve
     retried like a failed renewal; it does not kill the one watchdog task
     (after which every lease of the client would silently go unrenewed)."""
     async with asynclock.connect(redis_server.url, ttl=TTL, prefix="keeper-survives") as locks:
-        backend = locks._backend._adapter(LockRef("lock", ""))  # what renews the plain lock's leases
+        backend = locks._backend  # what renews the plain lock's leases
         real_renew = backend.renew
         failures = 0
 

@@ -79,7 +79,7 @@ def test_sdist_holds_what_the_tests_benchmarks_and_docs_need(dist: Path) -> None
     assert names - expected - set(SDIST_GENERATED) == set(), "unexpected in the sdist"
 
 
-def test_wheel_holds_only_the_package_and_py_typed(dist: Path) -> None:
+def test_wheel_holds_only_the_package_its_scripts_and_py_typed(dist: Path) -> None:
     wheel = _one(dist, f"asynclock-{asynclock.__version__}-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
@@ -87,9 +87,12 @@ def test_wheel_holds_only_the_package_and_py_typed(dist: Path) -> None:
     package = {
         path.relative_to(ROOT).as_posix()
         for path in (ROOT / "asynclock").rglob("*")
-        if path.is_file() and (path.suffix == ".py" or path.name == "py.typed") and "__pycache__" not in path.parts
+        if path.is_file()
+        and (path.suffix in (".py", ".lua") or path.name == "py.typed")
+        and "__pycache__" not in path.parts
     }
     assert "asynclock/py.typed" in package
+    assert "asynclock/backends/redis/_scripts/hash_acquire.lua" in package  # the Lua scripts are package data
     assert names == package | {info + name for name in DIST_INFO}
 
 

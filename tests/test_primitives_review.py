@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -603,18 +604,19 @@ async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queu
     """The waiter's request (its first, or a poll) has been applied by the server,
     and the waiter is cancelled before it reads the answer: its entry is gone and
     the next release reaches the waiter behind it."""
-    from asynclock.backends._redis_primitives import RedisQueued
+    from asynclock.backends.redis._queue import Entered
+    from asynclock.backends.redis._shared import QueuedResource
 
     holder, cancelled, behind = (redis_own.connect(ttl=TTL) for _ in range(3))
     held = _shaped(holder, kind, "applied")
     await held.acquire()
     applied = asyncio.Event()
     calls = 0
-    original = RedisQueued._enter
+    original = QueuedResource.enter
 
-    async def enter(self: RedisQueued, *args: object, **kwargs: object) -> tuple[int, int]:
+    async def enter(self: QueuedResource, *args: Any, **kwargs: Any) -> Entered:
         nonlocal calls
-        answer = await original(self, *args, **kwargs)  # type: ignore[arg-type]
+        answer = await original(self, *args, **kwargs)
         if self is victim:
             calls += 1
             if calls == at_call:
@@ -623,8 +625,9 @@ async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queu
         return answer
 
     victim_lock = _shaped(cancelled, kind, "applied")
-    victim = cancelled._backend._adapter(victim_lock._ref)
-    monkeypatch.setattr(RedisQueued, "_enter", enter)
+    await cancelled._ensure_started()
+    victim = cancelled._backend._resource  # type: ignore[attr-defined]
+    monkeypatch.setattr(QueuedResource, "enter", enter)
     task = asyncio.create_task(victim_lock.acquire())
     await asyncio.wait_for(applied.wait(), scaled(5))
     task.cancel()

@@ -15,7 +15,9 @@ import redis.asyncio as aioredis
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.abc import LockRef
-from asynclock.backends.redis import RedisBackend, _ms
+from asynclock.backends.redis import RedisBackend
+from asynclock.backends.redis._connection import ms
+from asynclock.backends.redis._hash import HashLock
 from tests.harness import eventually, redis_backend
 from tests.servers import RedisServer, scaled
 from tests.servers.proxy import TcpProxy
@@ -193,16 +195,17 @@ async def test_waiters_survive_a_server_restart(redis_fresh: RedisServer) -> Non
 
 async def test_only_one_local_waiter_is_woken_per_release(redis_server: RedisServer) -> None:
     async with asynclock.connect(redis_server.url, ttl=scaled(5), prefix="herd") as locks:
-        plain = locks._backend._adapter(LockRef("lock", ""))
+        await locks._ensure_started()
+        plain = redis_backend(locks)._resource  # what answers the plain lock's requests
         requests = 0
-        original = plain._enter  # type: ignore[attr-defined]
+        original = plain.enter
 
         async def counting(*args: Any, **kwargs: Any) -> Any:
             nonlocal requests
             requests += 1
             return await original(*args, **kwargs)
 
-        plain._enter = counting  # type: ignore[attr-defined]
+        plain.enter = counting  # type: ignore[method-assign]
         workers, rounds = 8, 5
 
         async def worker() -> None:
@@ -319,9 +322,9 @@ async def test_bad_urls_and_objects() -> None:
 
 
 def test_pexpire_argument_is_never_zero_or_negative() -> None:
-    assert _ms(1e-9) == 1
-    assert _ms(0.0015) == 2
-    assert _ms(30.0) == 30000
+    assert ms(1e-9) == 1
+    assert ms(0.0015) == 2
+    assert ms(30.0) == 30000
 
 
 async def test_timeout_while_busy_is_lock_timeout_not_unavailable(redis_server: RedisServer) -> None:
@@ -336,8 +339,13 @@ async def test_timeout_while_busy_is_lock_timeout_not_unavailable(redis_server: 
 
 def test_backend_keys_share_one_hash_tag() -> None:
     backend = RedisBackend(aioredis.Redis(), prefix="p")
-    assert backend.lock_key("n") == "p:{n}"
-    assert backend.channel("n") == "p:{n}:released"
+    assert backend.lock_key(LockRef("lock", "n")) == "p:{n}:fair"
+    assert backend.lock_key(LockRef("write", "n")) == "p:{n}:rw"
+    assert backend.lock_key(LockRef("semaphore", "n", 3)) == "p:{n}:sem"
+    # the hash lock of Cluster and Redlock: the hash and its release channel
+    hashed = HashLock(backend.connection, "p")
+    assert hashed.key("n") == "p:{n}"
+    assert hashed.channel("n") == "p:{n}:released"
 
 
 async def test_tls_url() -> None:
@@ -471,9 +479,9 @@ async def test_a_silently_dead_pubsub_connection_is_replaced_and_hand_overs_arri
             waiting = asyncio.create_task(hold())
             await queued(lock, 1)
             backend = redis_backend(waiter)
-            listener = backend._listener
-            assert listener is not None and listener._conn is not None
-            channel = backend.handovers().channel.encode()
+            listener = backend._pubsub
+            assert listener._conn is not None
+            channel = backend._handovers.channel.encode()
             arrived: list[bytes] = []  # hand-over messages that reach the waiter's client
             on_message, on_resync = listener._routes[channel]
 

@@ -17,8 +17,10 @@ import redis.asyncio as aioredis
 import asynclock
 from asynclock import LockTimeout
 from asynclock._timing import drift
-from asynclock.backends._redis_primitives import RedisQueued
-from asynclock.backends.redis import RedisBackend, _ms
+from asynclock.abc import LockRef, RenewItem
+from asynclock.backends.redis import RedisBackend
+from asynclock.backends.redis._connection import ms
+from asynclock.backends.redis._shared import QueuedResource
 from tests.child import ChildProcess, children
 from tests.harness import RedisHarness, handovers_dropped, redis_backend
 from tests.servers import RedisServer, scaled
@@ -105,10 +107,9 @@ async def commandstats(admin: aioredis.Redis) -> dict[str, int]:
     return {key.removeprefix("cmdstat_"): int(value["calls"]) for key, value in stats.items()}
 
 
-def adapter(lock: asynclock.Lock) -> RedisQueued:
-    backend = lock._locks._backend._adapter(lock._ref)  # type: ignore[attr-defined]
-    assert isinstance(backend, RedisQueued)
-    return backend
+def resource(locks: asynclock.Locks) -> QueuedResource:
+    """What answers the queued primitives' requests on the server."""
+    return redis_backend(locks)._resource
 
 
 # -- fair lock ----------------------------------------------------------------------
@@ -180,8 +181,7 @@ async def test_hand_over_lands_after_the_waiters_pubsub_connection_was_killed(
     await lock.acquire()
     waiting = Holder(waiter.lock("cut", fair=True))
     await waiters(lock, 1)
-    listener = redis_backend(waiter)._listener
-    assert listener is not None
+    listener = redis_backend(waiter)._pubsub
     before = listener.reconnects
     await admin.client_kill_filter(_type="pubsub")
     await lock.release()  # published while the waiter's client may not listen
@@ -237,17 +237,15 @@ async def test_queue_entries_expire_by_the_servers_clock(fresh: RedisHarness, ad
     holder, other = fresh.connect(ttl=TTL), fresh.connect(ttl=TTL)
     lock = holder.lock("ghost", fair=True)
     await lock.acquire()
-    fair = adapter(lock)
-    backend = redis_backend(holder)
     # A waiter that queues once and never polls again.
-    token, _ = await fair._enter("ghost", "ghost-hold", TTL, True, backend.handovers())
-    assert token == -1
+    entered = await resource(holder).enter(LockRef("fair", "ghost"), "ghost-hold", TTL, enqueue=True, fresh=True)
+    assert entered.token is None
     seconds, micros = await admin.time()
     entry = await admin.hget(f"{fresh.prefix}:{{ghost}}:fair:waiting", "ghost-hold")
     deadline_ms = int(entry.split()[0])
     server_now_ms = seconds * 1000 + micros // 1000
     # The deadline is the server's TIME plus the ttl (not this process's clock).
-    assert 0 < deadline_ms - server_now_ms <= _ms(TTL)
+    assert 0 < deadline_ms - server_now_ms <= ms(TTL)
     assert (await lock.info()).waiters == 1
     while (await admin.time())[0] * 1000 <= deadline_ms + 1:
         await asyncio.sleep(0.02)
@@ -420,24 +418,24 @@ async def test_cancellation_at_random_points_leaves_no_entries_or_holds(fresh: R
 async def test_renewal_of_many_holds_is_one_script_call(fresh: RedisHarness, admin: aioredis.Redis) -> None:
     locks = fresh.connect(ttl=TTL)
     sem = locks.semaphore("many", permits=50)
-    adapter_ = adapter(sem)
-    from asynclock.abc import LockRef, RenewItem
+    queued = resource(locks)
+    ref = LockRef("semaphore", "many", 50)
 
     holds = []
     for i in range(20):
         hold = f"h{i}"
-        token, _ = await adapter_._enter("many", hold, TTL, False, redis_backend(locks).handovers())
-        assert token > 0
-        holds.append(RenewItem(LockRef("lock", "many"), hold, TTL))
-    await adapter_.renew(holds)  # the script is loaded now
+        entered = await queued.enter(ref, hold, TTL, enqueue=False, fresh=True)
+        assert entered.token is not None and entered.token > 0
+        holds.append(RenewItem(ref, hold, TTL))
+    await queued.renew(holds)  # the script is loaded now
     await admin.config_resetstat()
-    results = await adapter_.renew([*holds, RenewItem(LockRef("lock", "many"), "nobody", TTL)])
+    results = await queued.renew([*holds, RenewItem(ref, "nobody", TTL)])
     assert results == [True] * 20 + [False]
     assert (await commandstats(admin)).get("evalsha", 0) == 1
     info = await sem.info()
     assert len(info.holders) == 20 and info.waiters == 0
     for item in holds:
-        assert await adapter_.release("many", item.hold)
+        assert await queued.release(ref, item.hold)
 
 
 async def test_cluster_refuses_the_primitives_without_io() -> None:

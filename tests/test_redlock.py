@@ -91,7 +91,7 @@ def test_url_names_every_node_and_takes_a_node_timeout() -> None:
     assert isinstance(backend, RedlockBackend)
     assert len(backend.nodes) == 3 and backend.quorum == 2
     assert backend.node_timeout(30) == 0.25 and locks.ttl == 4
-    kwargs = [node.client.connection_pool.connection_kwargs for node in backend.nodes]
+    kwargs = [node.connection.client.connection_pool.connection_kwargs for node in backend.nodes]
     assert [(kw["port"], kw["db"]) for kw in kwargs] == [(1, 2), (2, 2), (3, 2)]
     with pytest.raises(ValueError, match="names its nodes"):
         asynclock.connect("redlock:///0")
@@ -336,11 +336,12 @@ async def test_silently_dead_listener_connections_are_replaced_and_releases_arri
                         await asyncio.sleep(0.01)
 
             await subscribed(1)
-            listeners = backend._listeners
+            listeners = backend.listeners
             arrived: list[bytes] = []
-            hooks = listeners[0]._hooks
-            real = hooks.released
-            hooks.released = lambda name, hold: (arrived.append(hold), real(name, hold))[1]  # type: ignore[method-assign]
+            wake = backend._wake
+            assert wake is not None
+            real = wake.released
+            wake.released = lambda name, hold: (arrived.append(hold), real(name, hold))[1]  # type: ignore[method-assign]
             before = [listener.reconnects for listener in listeners]
             for listener, proxy in zip(listeners, proxies, strict=True):
                 proxy.blackhole_client(listener._conn._writer.get_extra_info("sockname")[1])

@@ -235,20 +235,18 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
         stale = pool.make_connection()  # type: ignore[no-untyped-call]
         await stale.connect_to(("127.0.0.1", old_port))
         pool._available_connections.append(stale)
-        assert await locks._backend._adapter(LockRef("lock", "")).renew([item]) == [
-            False
-        ]  # the plain lock's own renewal
+        assert await backend.renew([item]) == [False]  # the plain lock's own renewal
         assert not stale.is_connected
         # an acquire there is "server unavailable" (retried), never a success
         stale = pool.make_connection()  # type: ignore[no-untyped-call]
         await stale.connect_to(("127.0.0.1", old_port))
         pool._available_connections.append(stale)
         with pytest.raises(BackendUnavailable, match="READONLY"):
-            await backend.try_acquire("other", "someone", ttl)
+            await backend.try_acquire(LockRef("lock", "other"), "someone", ttl, enqueue=False)
         # the next renewal asks the sentinels (which may need a moment to
         # agree on a healthy primary again): it lands on the new primary
         async with asyncio.timeout(scaled(10)):
-            while (answer := await locks._backend._adapter(LockRef("lock", "")).renew([item])) != [True]:
+            while (answer := await backend.renew([item])) != [True]:
                 assert isinstance(answer[0], BackendUnavailable), answer
                 await asyncio.sleep(0.05)
         async with asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as other:

@@ -182,7 +182,7 @@ class Worker:
             seen = f"info failed: {exc!r}"
         what = f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}; phase {stuck_in}"
         what += f"; meanwhile this client counted {meanwhile}"
-        if stuck_in != "release" and not locks._backend._adapter(LockRef("lock", "")).queues_waiters:
+        if stuck_in != "release" and not _plain_lock_is_fair(locks):
             # The plain lock is not fair here (Redis Cluster, Redlock, memory):
             # a waiter may lose every race for it.
             # The checker decides (from the others' sections meanwhile) whether
@@ -282,63 +282,69 @@ def _stacks() -> str:
     return "\n".join(lines)
 
 
+def _plain_lock_is_fair(locks: asynclock.Locks) -> bool:
+    """Whether waiters of the plain lock are served in order (the server queues them)."""
+    from asynclock.abc import Notifies
+
+    backend = locks._backend
+    adapter = getattr(backend, "_adapter", None)
+    if adapter is not None:  # a backend served through the adapter-per-primitive protocol
+        return bool(adapter(LockRef("lock", "")).queues_waiters)
+    return not isinstance(backend, Notifies)
+
+
 def _count_wakeups(locks: asynclock.Locks) -> dict[str, int]:
-    """On Redis, count this client's tries, Busy answers, release messages and wake-alls
-    (by wrapping the backend's methods: diagnostics only, nothing else changes)."""
-    from asynclock.abc import Busy
+    """On Redis, count this client's tries, the ones the server queued, hand-over messages and
+    resyncs (by wrapping the backend's methods: diagnostics only, nothing else changes)."""
+    from asynclock.abc import Queued
     from asynclock.backends.redis import RedisBackend
 
-    counts = {"tries": 0, "busy": 0, "release messages": 0, "wake-alls": 0}
+    counts = {"tries": 0, "queued": 0, "hand-over messages": 0, "resyncs": 0}
     backend = locks.backend
-    listener = getattr(backend, "_listener", None)
-    if not isinstance(backend, RedisBackend) or listener is None:
+    if not isinstance(backend, RedisBackend):
         return {}
     try_acquire = backend.try_acquire
-    hooks = listener._hooks
+    handovers = backend._handovers
+    handle, resync = handovers.handle, handovers.resync
 
-    async def counted_try(name: str, hold: str, ttl: float) -> Any:
+    async def counted_try(*args: Any, **kwargs: Any) -> Any:
         counts["tries"] += 1
-        answer = await try_acquire(name, hold, ttl)
-        counts["busy"] += isinstance(answer, Busy)
+        answer = await try_acquire(*args, **kwargs)
+        counts["queued"] += isinstance(answer, Queued)
         return answer
 
-    class CountedHooks:
-        def wake_one(self, name: str) -> None:
-            counts["release messages"] += 1
-            hooks.wake_one(name)
+    def counted_handle(payload: bytes) -> None:
+        counts["hand-over messages"] += 1
+        handle(payload)
 
-        def wake_all(self) -> None:
-            counts["wake-alls"] += 1
-            hooks.wake_all()
-
-        def __getattr__(self, attr: str) -> Any:
-            return getattr(hooks, attr)
+    def counted_resync() -> None:
+        counts["resyncs"] += 1
+        resync()
 
     backend.try_acquire = counted_try  # type: ignore[method-assign]
-    listener._hooks = CountedHooks()
+    handovers.handle = counted_handle  # type: ignore[method-assign]
+    handovers.resync = counted_resync  # type: ignore[method-assign]
     return counts
 
 
 async def _listening(locks: asynclock.Locks, name: str) -> str:
-    """For a report on Redis: who listens for releases of ``name``, and how this client's listener fared."""
+    """For a report on Redis: who listens for this client's hand-overs, and how its listener fared."""
     from asynclock.backends.redis import RedisBackend
 
     backend = locks.backend
     if not isinstance(backend, RedisBackend):
         return ""
-    channel = backend.channel(name)
+    channel = backend._handovers.channel
     numsub = await backend.client.pubsub_numsub(channel)
-    listener = backend._listener
-    reconnects = listener.reconnects if listener is not None else None
+    listener = backend._pubsub
     seen = ""
-    conn = listener._conn if listener is not None else None
-    writer = getattr(conn, "_writer", None)
+    writer = getattr(listener._conn, "_writer", None)
     if writer is not None:  # this listener's connection as the server sees it
         host, port = writer.get_extra_info("sockname")[:2]
         for client in await backend.client.client_list():
             if client.get("addr") == f"{host}:{port}":
                 seen = f" (server side: sub={client.get('sub')} cmd={client.get('cmd')} age={client.get('age')})"
-    return f"; subscribers of {channel}: {numsub}; this client's listener reconnected {reconnects} times{seen}"
+    return f"; subscribers of {channel}: {numsub}; this client's listener reconnected {listener.reconnects} times{seen}"
 
 
 def main(argv: list[str]) -> None:

@@ -1,0 +1,269 @@
+"""One Redis server (``redis://``, ``rediss://``, ``unix://``, or a given client).
+
+Every primitive is a queue on the server whose release hands the lock over
+to the head waiter inside the release script (``_shared.py``): the plain
+lock is the fair lock, as on ZooKeeper and PostgreSQL, and the read-write
+lock and the semaphore are the same queue in shared modes. An acquire that
+finds the lock taken joins the queue in the same request; a hand-over is
+announced on a channel of the waiter's client alone (``_queue.py``), which
+the client's one pub/sub connection listens to (``_pubsub.py``). With
+``replicas=N`` every acquire and renewal is confirmed by N replicas (WAIT),
+and a hand-over by a request of the new holder's own.
+
+The package also holds what the other Redis backends are made of:
+``_connection.py`` (the client and its errors), ``_hash.py`` (the hash lock
+of Cluster and Redlock), ``sentinel.py``, ``cluster.py`` and ``redlock.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+try:
+    import redis.asyncio as aioredis
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
+
+from ..._errors import ConfigurationError
+from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_text, take_query
+from ..._values import LockInfo
+from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem, unsupported
+from ._connection import Connection, address
+from ._pubsub import PubSub
+from ._queue import Handovers, Waiting
+from ._shared import QueuedResource
+from ._urls import OWN_OPTIONS, check_options, check_replicas, connection_options, database, replica_options
+
+__all__ = ["RedisBackend"]
+
+
+class RedisBackend:
+    """Locks on one Redis server (or a primary with replicas).
+
+    Example::
+
+        async with asynclock.connect("redis://localhost:6379/0") as locks:
+            async with locks.lock("orders:42") as lease:
+                ...
+    """
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "asynclock",
+        owns_client: bool = False,
+        replicas: int = 0,
+        replica_timeout: float = 0.5,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        where: str | None = None,
+    ) -> None:
+        check_replicas(replicas, replica_timeout)
+        settings = dict(getattr(client.connection_pool, "connection_kwargs", {}))
+        #: The client, its errors and its scripts.
+        self.connection = Connection(
+            client,
+            where=where if where is not None else f"Redis at {address(settings)}",
+            connect_timeout=connect_timeout,
+            secrets=[settings.get("password")],
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            owns_client=owns_client,
+        )
+        self._prefix = prefix
+        self._pubsub = PubSub(self.connection)
+        self._handovers = Handovers(f"{prefix}:handover:{secrets.token_hex(8)}", self._pubsub)
+        self._resource = QueuedResource(self.connection, prefix, self._handovers.channel)
+        # holds of this client that wait in a queue, until granted or released
+        self._waiting: dict[str, Waiting] = {}
+        # holds whose last request may have gone through unseen (failed, cut short)
+        self._unsure: set[str] = set()
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "asynclock",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: Any,
+    ) -> RedisBackend:
+        """A backend with its own client for ``url`` (closed by ``aclose``).
+
+        ``replicas`` and ``replica_timeout`` may come as keyword arguments or
+        URL query parameters; everything else goes to
+        ``redis.asyncio.Redis.from_url``, which takes each as either too.
+        Raises ValueError for an option neither takes (naming the closest
+        valid one) and for a database that is not a number, before any I/O.
+        """
+        rest, own = take_query(url, OWN_OPTIONS)
+        parts = urlsplit(rest)
+        connection_class = options.get("connection_class") or {
+            "rediss": aioredis.SSLConnection,
+            "unix": aioredis.UnixDomainSocketConnection,
+        }.get(parts.scheme.lower(), aioredis.Connection)
+        valid = {*connection_options(connection_class), *OWN_OPTIONS}
+        check_options(rest, options, valid, f"{parts.scheme}://", taken=own)
+        if parts.scheme.lower() in ("redis", "rediss"):
+            database(parts.path, url)
+        replicas, replica_timeout = replica_options(options, own)
+        options.setdefault("socket_connect_timeout", connect_timeout)
+        try:
+            client = aioredis.Redis.from_url(rest, **options)
+        except (ValueError, TypeError) as exc:  # redis-py's word on a bad value, without the URL's password
+            password = urlsplit(url).password
+            raise type(exc)(mask_text(str(exc), [password, unquote(password or "")])) from None
+        return cls(
+            client,
+            prefix=prefix,
+            owns_client=True,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            connect_timeout=connect_timeout,
+        )
+
+    @classmethod
+    def from_client(
+        cls,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "asynclock",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: Any,
+    ) -> RedisBackend:
+        """A backend on a client the caller made (and closes): ``replicas`` and ``replica_timeout`` only."""
+        check_options("", options, OWN_OPTIONS, "a redis.asyncio.Redis client")
+        replicas, replica_timeout = replica_options(options, {})
+        return cls(
+            client,
+            prefix=prefix,
+            owns_client=False,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            connect_timeout=connect_timeout,
+        )
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The redis-py client."""
+        client = self.connection.client
+        assert isinstance(client, aioredis.Redis)
+        return client
+
+    @property
+    def replicas(self) -> int:
+        """Replicas that must confirm each acquire and renewal (Redis WAIT); 0: none."""
+        return self.connection.replicas
+
+    # -- the request protocol ----------------------------------------------------
+
+    def check_kind(self, kind: Kind) -> None:
+        """Every primitive; with ``replicas=`` the plain and fair lock only."""
+        if self.connection.replicas and kind in ("read", "write", "semaphore"):
+            raise unsupported(
+                self.kind,
+                kind,
+                "not with replicas= (its hand-overs are not confirmed by the replicas): connect without it",
+            )
+
+    def lock_key(self, ref: LockRef) -> str:
+        """The holds ZSET; the plain and the fair lock of a name are one lock."""
+        return self._resource.key(ref)
+
+    def lease_time(self, ttl: float) -> float:
+        return ttl
+
+    async def start(self, hooks: BackendHooks) -> None:
+        """No I/O: like redis-py, the first request connects (and a hand-over needs no hooks)."""
+
+    async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
+        self._pubsub.note_ttl(ttl)  # its health check keeps up with the locks it serves
+        handovers = self._handovers
+        if enqueue:
+            # Subscribed, and the hand-over slot registered, before the request
+            # that may queue the hold: a hand-over can follow right after it.
+            await handovers.ready()
+            ticket = handovers.expect(hold)
+        fresh = hold not in self._unsure
+        sent = asyncio.get_running_loop().time()
+        try:
+            entered = await self._resource.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
+        except (ValueError, ConfigurationError):
+            handovers.forget(hold)  # refused: nothing changed on the server
+            raise
+        except BaseException:
+            self._unsure.add(hold)  # it may have gone through: a retry looks first
+            raise
+        if not fresh:
+            self._unsure.discard(hold)
+        if entered.token is not None:
+            if enqueue:
+                handovers.forget(hold)
+            return Acquired(entered.token)
+        if not enqueue:
+            return Busy(None)
+        waiting = self._waiting[hold] = Waiting(ref, ttl, ticket, sent, sent)
+        return Queued(waiting.queued(sent, entered))
+
+    async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
+        """Until the hand-over message arrives or the loop time ``until``; then one poll.
+
+        The poll keeps the queue entry alive and finds a hand-over whose
+        message was lost; one also follows a reconnect of the pub/sub
+        connection (messages may have been missed meanwhile).
+        """
+        waiting = self._waiting[hold]
+        ticket = waiting.ticket
+        loop = asyncio.get_running_loop()
+        await ticket.wait(waiting.poll_at if until is None else min(until, waiting.poll_at))
+        if ticket.token is not None and not self.connection.replicas:
+            return self._granted(hold, Acquired(ticket.token, confirmed_at=waiting.queued_at))
+        # (With replicas, a hand-over by another client's release, which no
+        # replica has confirmed to us, is confirmed by this request of our own:
+        # it finds the hold ours, resets its expiry, and WAITs.)
+        if ticket.token is None:
+            self._pubsub.raise_failure()  # the hand-over channel was refused: no message can reach this hold
+        ticket.event.clear()
+        ticket.token = None
+        sent = waiting.poll_at = loop.time()  # (a poll that fails is repeated as soon as the front asks again)
+        entered = await self._resource.enter(ref, hold, ttl, enqueue=True, fresh=False)
+        if entered.token is not None:
+            return self._granted(hold, Acquired(entered.token, confirmed_at=sent))  # this request reset the expiry
+        return Queued(waiting.queued(sent, entered))
+
+    def _granted(self, hold: str, acquired: Acquired) -> Acquired:
+        del self._waiting[hold]
+        self._handovers.forget(hold)
+        return acquired
+
+    async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
+        return await self._resource.set_count(ref, hold, count, ttl)
+
+    async def release(self, ref: LockRef, hold: str) -> bool:
+        """Release ``hold``, or take it out of the queue (and give back a hand-over that raced in)."""
+        self._unsure.discard(hold)
+        self._waiting.pop(hold, None)
+        self._handovers.forget(hold)
+        return await self._resource.release(ref, hold)
+
+    async def renew(self, items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
+        return await self._resource.renew(items)
+
+    async def info(self, ref: LockRef) -> LockInfo:
+        return await self._resource.info(ref)
+
+    async def names(self) -> list[str]:
+        """Names of the plain (and fair) locks held under this client's prefix."""
+        start, end = len(self._prefix) + 2, len("}:fair")
+        return [key[start:-end] for key in await self.connection.scan(f"{self._prefix}:{{*}}:fair")]
+
+    async def aclose(self) -> None:
+        await self._pubsub.aclose()
+        self._waiting.clear()
+        await self.connection.aclose()

@@ -1,0 +1,313 @@
+"""The edge between asynclock and redis-py: one client, its errors, its scripts.
+
+* :func:`translate` is the error table: redis-py's errors (and the socket and
+  TLS errors it wraps) become ``ConfigurationError`` (what no retry fixes),
+  ``BackendUnavailable`` (unreachable, not answering, READONLY, loading) or
+  ``LockError``, naming the server and never a password; the original is the
+  ``__cause__``. Every request goes through a :class:`Connection`'s ``edge``.
+* :class:`Script` is a Lua script read from this package's ``_scripts``
+  directory; :meth:`Connection.run` calls it by its SHA and loads it again
+  when the server answers NOSCRIPT (a flushed cache, a restarted or
+  failed-over server).
+* With ``replicas=N``, :meth:`Connection.run_then_wait` sends the script and
+  ``WAIT N`` on one connection in one round trip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import socket
+import ssl
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from types import TracebackType
+from typing import Any
+
+try:
+    import redis.asyncio as aioredis
+    from redis import exceptions as redis_errors
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
+
+from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._options import mask_text
+
+__all__ = [
+    "FENCE_LIFETIME_MS",
+    "Connection",
+    "Script",
+    "address",
+    "is_readonly",
+    "ms",
+    "refusal",
+    "tag",
+    "translate",
+    "unreachable",
+]
+
+#: How long a lock's last fencing token outlives its last acquisition, in ms.
+FENCE_LIFETIME_MS = 24 * 3600 * 1000
+
+
+def ms(seconds: float) -> int:
+    """Seconds to a PEXPIRE argument: never 0 or negative (that would delete the key)."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def text(value: Any) -> str | None:
+    """A reply (bytes, str, or None) as text."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+# -- scripts -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script: its text and the SHA1 that EVALSHA names it by."""
+
+    name: str
+    text: str
+    sha: str
+
+    @classmethod
+    def load(cls, *files: str, replace: tuple[str, str] | None = None) -> Script:
+        """The script made of ``files`` (in ``_scripts``, joined in order), ``replace`` applied."""
+        folder = resources.files(__package__).joinpath("_scripts")
+        body = "\n".join(folder.joinpath(name).read_text("utf-8") for name in files)
+        if replace is not None:
+            old, new = replace
+            assert old in body, f"{old!r} is not in {files}"
+            body = body.replace(old, new)
+        return cls(files[-1], body, hashlib.sha1(body.encode("utf-8")).hexdigest())
+
+
+# -- errors ------------------------------------------------------------------------
+
+
+def address(kwargs: dict[str, Any]) -> str:
+    """The server a redis-py connection's settings point at: ``host:port`` or the socket path."""
+    if kwargs.get("path"):
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+def tag(exc: BaseException, where: str) -> None:
+    """Let ``exc`` name the server it came from, when that is more precise than the connection's own name."""
+    exc.asynclock_where = where  # type: ignore[attr-defined]
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what caused it (redis-py wraps socket and TLS errors, sometimes twice)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def refusal(exc: BaseException) -> str | None:
+    """What the server refused if no retry can fix it (credentials, ACL, database, TLS), else None."""
+    for error in _chain(exc):
+        if isinstance(error, (redis_errors.AuthenticationError, redis_errors.AuthenticationWrongNumberOfArgsError)):
+            return f"refused the credentials: {str(error)!r}"
+        if isinstance(error, redis_errors.NoPermissionError):
+            return f"refused permission (ACL): {str(error)!r}"
+        if isinstance(error, redis_errors.ResponseError) and "DB index is out of range" in str(error):
+            return f"has no such database: {str(error)!r}"
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return f"presented a TLS certificate that was refused: {error.verify_message or error.reason or error}"
+    return None
+
+
+def unreachable(exc: BaseException, connect_timeout: float | None) -> str | None:
+    """Why no connection could be made at all (refused, name not resolved, …), or None if one was."""
+    chain = list(_chain(exc))
+    for error in chain:
+        if isinstance(error, socket.gaierror):
+            return "name not resolved"
+        if isinstance(error, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(error, FileNotFoundError):
+            return "no socket at that path"
+        if isinstance(error, redis_errors.TimeoutError) and "connecting" in str(error):
+            return "timed out" + (f" after {float(connect_timeout)} s" if connect_timeout is not None else "")
+    for error in chain:
+        # redis-py's words for any other failed connect ("Error 113 connecting to …")
+        if isinstance(error, redis_errors.ConnectionError) and " connecting to " in str(error):
+            cause = error.__cause__ or error.__context__
+            return cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror else str(error)
+    return None
+
+
+def is_readonly(exc: BaseException) -> bool:
+    """A READONLY reply: a replica, or a primary demoted by a failover.
+
+    redis-py turns it into ReadOnlyError (with the code stripped from the
+    message); a bare ResponseError keeps the "READONLY" prefix.
+    """
+    return isinstance(exc, redis_errors.ReadOnlyError) or (
+        isinstance(exc, redis_errors.ResponseError) and str(exc).startswith("READONLY")
+    )
+
+
+def translate(
+    exc: BaseException,
+    where: str = "Redis",
+    *,
+    connect_timeout: float | None = None,
+    secrets: Iterable[str | None] = (),
+    unavailable: tuple[type[BaseException], ...] = (),
+) -> BaseException:
+    """Map redis-py errors onto ours, naming ``where`` (the original becomes ``__cause__``).
+
+    ``where`` names the server ("Redis at host:port"); ``secrets`` (passwords)
+    are masked in every message; ``unavailable`` are further error types that
+    mean "not reachable right now" (a Cluster client's own).
+    """
+    # (a connection that knows better which server it talked to tags its errors)
+    at = next((tag for error in _chain(exc) if (tag := getattr(error, "asynclock_where", None))), where)
+    refused = refusal(exc)
+    if refused is not None:
+        return ConfigurationError(mask_text(f"{at} {refused}", secrets))
+    if is_readonly(exc):
+        return BackendUnavailable(mask_text(f"{at} answered READONLY (a replica or demoted primary): {exc}", secrets))
+    if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError, TimeoutError)):
+        cause = unreachable(exc, connect_timeout)
+        if cause is not None:
+            error = BackendUnavailable(mask_text(f"{at} could not be reached: {cause}", secrets))
+            error.connect_timeout = connect_timeout
+            return error
+        if isinstance(exc, redis_errors.BusyLoadingError):
+            return BackendUnavailable(mask_text(f"{at} is loading its data: {exc}", secrets))
+        return BackendUnavailable(mask_text(f"{at} did not answer: {exc!r}", secrets))
+    if isinstance(exc, unavailable):
+        # no node reachable yet, or a cluster settling (CLUSTERDOWN, TRYAGAIN)
+        cause = unreachable(exc, connect_timeout)
+        error = BackendUnavailable(mask_text(f"{at} is not available: {cause or repr(exc)}", secrets))
+        if cause is not None:
+            error.connect_timeout = connect_timeout
+        return error
+    if isinstance(exc, redis_errors.RedisError):
+        return LockError(mask_text(f"{at}: Redis error: {exc}", secrets))
+    return exc
+
+
+class _Edge:
+    """``with connection.edge:`` raises the client's errors as asynclock's (the original as ``__cause__``)."""
+
+    __slots__ = ("_catch", "_connection")
+
+    def __init__(self, connection: Connection, catch: tuple[type[BaseException], ...]) -> None:
+        self._connection = connection
+        self._catch = catch
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None and isinstance(exc, self._catch):
+            raise self._connection.error(exc) from exc
+
+
+class Connection:
+    """A redis-py client (a ``Redis`` or a ``RedisCluster``) as asynclock uses it.
+
+    ``where`` names the server in messages ("Redis at host:port"), never with
+    a password; ``secrets`` are masked wherever redis-py's or the server's
+    words are quoted. ``replicas``: replicas that must confirm a write
+    (``run_then_wait``); 0: do not wait.
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis | aioredis.RedisCluster,
+        *,
+        where: str,
+        connect_timeout: float,
+        secrets: Iterable[str | None] = (),
+        unavailable: tuple[type[BaseException], ...] = (),
+        replicas: int = 0,
+        replica_timeout: float = 0.5,
+        owns_client: bool = False,
+    ) -> None:
+        self.client = client
+        self.where = where
+        self.connect_timeout = connect_timeout
+        self.replicas = replicas
+        self.replica_timeout_ms = ms(replica_timeout)
+        self._secrets = list(secrets)
+        self._unavailable = unavailable
+        self._owns_client = owns_client
+        #: ``with connection.edge:`` around any call into redis-py.
+        self.edge = _Edge(self, (redis_errors.RedisError, OSError, *unavailable))
+
+    def add_secret(self, secret: str | None) -> None:
+        """Mask ``secret`` too (a password given to a part of the client made elsewhere)."""
+        self._secrets.append(secret)
+
+    def error(self, exc: BaseException) -> BaseException:
+        """``exc`` (from redis-py) as asynclock's error, naming this server, passwords masked."""
+        return translate(
+            exc, self.where, connect_timeout=self.connect_timeout, secrets=self._secrets, unavailable=self._unavailable
+        )
+
+    def describe(self, exc: BaseException) -> str:
+        """``exc`` for a log line: passwords masked."""
+        return mask_text(repr(exc), self._secrets)
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int | bytes]) -> Any:
+        """Run ``script`` (loading it again if the server does not have it); errors translated."""
+        client = self.client
+        with self.edge:
+            try:
+                return await client.evalsha(script.sha, len(keys), *keys, *args)
+            except redis_errors.NoScriptError:
+                await client.script_load(script.text)
+                return await client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def run_then_wait(
+        self, script: Script, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> tuple[Any, int]:
+        """Run ``script`` and WAIT for the replicas on the same connection, in one round trip.
+
+        Returns the script's answer and how many replicas confirmed it (and
+        every earlier write of this connection) within the replica timeout.
+        """
+        client = self.client
+        assert isinstance(client, aioredis.Redis), "WAIT needs one server's connection"
+        for attempt in (1, 2):
+            with self.edge:
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
+                    answer, confirmed = await pipe.execute(raise_on_error=False)
+                if isinstance(answer, redis_errors.NoScriptError) and attempt == 1:
+                    await client.script_load(script.text)
+                    continue
+            for failed in (answer, confirmed):
+                if isinstance(failed, BaseException):
+                    raise self.error(failed) from failed
+            return answer, int(confirmed)
+        raise AssertionError("unreachable")
+
+    async def scan(self, pattern: str) -> list[str]:
+        """The keys that match ``pattern`` (SCAN, in batches)."""
+        with self.edge:
+            return [text(key) or "" async for key in self.client.scan_iter(match=pattern, count=1000)]
+
+    async def aclose(self) -> None:
+        """Close the client if this connection made it."""
+        if self._owns_client:
+            with contextlib.suppress(Exception):
+                await self.client.aclose()
