@@ -246,9 +246,10 @@ async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float 
 
     while True:
         if locks._closed:
-            give_back()
+            # (queued by a try answered after the close began): out of the queue
+            # before saying so, as a grant answered then is given back
             locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
-            raise BackendUnavailable(CLOSED)
+            await _give_back_closed(lock, lease)
         until = deadline
         if queued.poll_after is not None:
             poll = loop.time() + queued.poll_after

@@ -105,20 +105,34 @@ class RedisHarness(Harness):
         return self.server.url
 
     async def expire(self, name: str) -> bool:
-        # The plain lock is the fair lock's queue on one server (its holds and
-        # their data), a hash with replicas= or on a Cluster.
-        base = f"{self.prefix}:{{{name}}}"
-        return bool(await self.admin.delete(base, f"{base}:fair", f"{base}:fair:data"))
+        # The plain lock (and the fair lock) is the string ``<prefix>:{name}:x``
+        # while held; its queue beside it stays.
+        return await self.expire_shape("fair", name)
 
     async def leftovers(self) -> list[str]:
-        """Every key of the prefix but fence counters: lock hashes, and the primitives'
-        holds, queues and waiting entries (``<prefix>:{name}:fair|rw|sem[:data|:queue|:waiting]``)."""
+        """Every key of the prefix but what a released lock keeps of its fencing
+        tokens: a lock held or queued for (``<prefix>:{name}:x`` holding a hold,
+        ``…:x:q``), and the read-write lock's and semaphore's holds, queues and
+        waiting entries (``<prefix>:{name}:rw|sem[:data|:queue|:waiting]``)."""
         keys = [k.decode() async for k in self.admin.scan_iter(match=f"{self.prefix}:*")]
-        return [k for k in keys if not k.endswith(":fence")]
+        left = []
+        for key in keys:
+            if key.endswith(":fence"):
+                continue
+            if key.endswith(":x"):
+                value = await self.admin.get(key)
+                if value is not None and b" " not in value:  # free: only the last token
+                    continue
+            left.append(key)
+        return left
 
     async def expire_shape(self, kind: str, name: str) -> bool:
         """Drop every hold of the primitive ``kind`` of ``name`` (its queue stays), with no message."""
-        family = {"fair": "fair", "read": "rw", "write": "rw", "semaphore": "sem"}[kind]
+        if kind in ("lock", "fair"):
+            key = f"{self.prefix}:{{{name}}}:x"
+            value = await self.admin.get(key)
+            return value is not None and b" " in value and bool(await self.admin.delete(key))
+        family = {"read": "rw", "write": "rw", "semaphore": "sem"}[kind]
         base = f"{self.prefix}:{{{name}}}:{family}"
         return bool(await self.admin.delete(base, f"{base}:data"))
 

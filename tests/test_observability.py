@@ -117,7 +117,7 @@ def test_inspect_shows_the_hold_count_kept_on_redis(redis_server: RedisServer) -
         assert done.returncode == 0, done.stderr
         (held,) = json.loads(done.stdout)
         assert held["hold_count"] == 2
-        assert held["key"] == f"{prefix}:{{jobs:nightly}}:fair"  # the plain lock is the fair lock's queue
+        assert held["key"] == f"{prefix}:{{jobs:nightly}}:x"  # the plain lock (the fair lock too)
     finally:
         proc.stdin.write("\n")
         proc.stdin.close()

@@ -604,6 +604,7 @@ async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queu
     """The waiter's request (its first, or a poll) has been applied by the server,
     and the waiter is cancelled before it reads the answer: its entry is gone and
     the next release reaches the waiter behind it."""
+    from asynclock.backends.redis._exclusive import ExclusiveLock
     from asynclock.backends.redis._queue import Entered
     from asynclock.backends.redis._shared import QueuedResource
 
@@ -612,9 +613,10 @@ async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queu
     await held.acquire()
     applied = asyncio.Event()
     calls = 0
-    original = QueuedResource.enter
+    queue = ExclusiveLock if kind == "fair" else QueuedResource
+    original = queue.enter
 
-    async def enter(self: QueuedResource, *args: Any, **kwargs: Any) -> Entered:
+    async def enter(self: Any, *args: Any, **kwargs: Any) -> Entered:
         nonlocal calls
         answer = await original(self, *args, **kwargs)
         if self is victim:
@@ -626,8 +628,9 @@ async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queu
 
     victim_lock = _shaped(cancelled, kind, "applied")
     await cancelled._ensure_started()
-    victim = cancelled._backend._resource  # type: ignore[attr-defined]
-    monkeypatch.setattr(QueuedResource, "enter", enter)
+    backend: Any = cancelled._backend
+    victim = backend._exclusive if kind == "fair" else backend._shared
+    monkeypatch.setattr(queue, "enter", enter)
     task = asyncio.create_task(victim_lock.acquire())
     await asyncio.wait_for(applied.wait(), scaled(5))
     task.cancel()

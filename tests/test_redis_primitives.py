@@ -20,6 +20,7 @@ from asynclock._timing import drift
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.redis import RedisBackend
 from asynclock.backends.redis._connection import ms
+from asynclock.backends.redis._exclusive import ExclusiveLock
 from asynclock.backends.redis._shared import QueuedResource
 from tests.child import ChildProcess, children
 from tests.harness import RedisHarness, handovers_dropped, redis_backend
@@ -108,8 +109,19 @@ async def commandstats(admin: aioredis.Redis) -> dict[str, int]:
 
 
 def resource(locks: asynclock.Locks) -> QueuedResource:
-    """What answers the queued primitives' requests on the server."""
-    return redis_backend(locks)._resource
+    """What answers the read-write lock's and the semaphore's requests on the server."""
+    return redis_backend(locks)._shared
+
+
+def exclusive(locks: asynclock.Locks) -> ExclusiveLock:
+    """What answers the plain and the fair lock's requests on the server."""
+    return redis_backend(locks)._exclusive
+
+
+async def queue_entries(admin: aioredis.Redis, lock: asynclock.Lock) -> dict[str, int]:
+    """The plain or fair lock's queue: each queued hold and its entry's server-time deadline (ms)."""
+    entries = await admin.lrange(f"{lock.key}:q", 0, -1)
+    return {entry.decode().rpartition(" ")[2]: int(entry.split()[0]) for entry in entries}
 
 
 # -- fair lock ----------------------------------------------------------------------
@@ -223,8 +235,8 @@ async def test_a_dead_waiter_is_skipped_at_once(fresh: RedisHarness, admin: aior
         await child.wait()
         waiting = Holder(patient.lock("dead", fair=True))
         await waiters(lock, 2)
-        entries = await admin.hgetall(f"{fresh.prefix}:{{dead}}:fair:waiting")
-        dead_deadline = min(int(entry.split()[0]) for entry in entries.values())
+        entries = await queue_entries(admin, lock)
+        dead_deadline = min(entries.values())
         await lock.release()
         lease = await waiting.got()
         seconds, micros = await admin.time()
@@ -238,11 +250,10 @@ async def test_queue_entries_expire_by_the_servers_clock(fresh: RedisHarness, ad
     lock = holder.lock("ghost", fair=True)
     await lock.acquire()
     # A waiter that queues once and never polls again.
-    entered = await resource(holder).enter(LockRef("fair", "ghost"), "ghost-hold", TTL, enqueue=True, fresh=True)
+    entered = await exclusive(holder).enter(LockRef("fair", "ghost"), "ghost-hold", TTL, enqueue=True, fresh=True)
     assert entered.token is None
     seconds, micros = await admin.time()
-    entry = await admin.hget(f"{fresh.prefix}:{{ghost}}:fair:waiting", "ghost-hold")
-    deadline_ms = int(entry.split()[0])
+    deadline_ms = (await queue_entries(admin, lock))["ghost-hold"]
     server_now_ms = seconds * 1000 + micros // 1000
     # The deadline is the server's TIME plus the ttl (not this process's clock).
     assert 0 < deadline_ms - server_now_ms <= ms(TTL)
@@ -520,13 +531,14 @@ async def test_scripts_are_reloaded_after_script_flush(fresh: RedisHarness, admi
 
 
 async def _server_ms_left(admin: aioredis.Redis, key: str, hold: str) -> int:
-    """Milliseconds the server keeps ``hold`` (its ZSET score minus the server's TIME)."""
+    """Milliseconds the server keeps ``hold`` (the lock key's expiry minus the server's TIME)."""
     async with admin.pipeline(transaction=True) as pipe:
-        pipe.zscore(key, hold)
+        pipe.get(key)
+        pipe.pexpiretime(key)
         pipe.time()
-        score, (seconds, micros) = await pipe.execute()
-    assert score is not None
-    return int(score) - (seconds * 1000 + micros // 1000)
+        value, expires, (seconds, micros) = await pipe.execute()
+    assert value is not None and value.decode().endswith(f" {hold}") and expires > 0
+    return int(expires) - (seconds * 1000 + micros // 1000)
 
 
 @pytest.mark.parametrize("drop_message", [False, True])
@@ -575,7 +587,7 @@ async def test_fair_lock_queue_and_hand_over_survive_a_sentinel_failover() -> No
             replica = aioredis.Redis(host="127.0.0.1", port=setup.replica.port)
             try:  # the hold and the queue entry reached the replica
                 async with asyncio.timeout(scaled(10)):
-                    while await replica.llen(f"{lock.key}:queue") != 1 or not await replica.exists(lock.key):
+                    while await replica.llen(f"{lock.key}:q") != 1 or not await replica.exists(lock.key):
                         await asyncio.sleep(0.02)
             finally:
                 await replica.aclose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -155,7 +156,7 @@ async def test_after_a_failover_the_client_follows_the_new_primary(setup: Sentin
     ):
         order: list[str] = []
         lease = await holder.lock("kept").acquire()
-        await replicated(setup.replica.port, f"{prefix}:{{kept}}:fair")
+        await replicated(setup.replica.port, f"{prefix}:{{kept}}:x")
 
         async def wait_for_it() -> None:
             async with other.lock("kept"):
@@ -189,13 +190,13 @@ async def test_a_hold_that_did_not_survive_the_failover_is_lost_not_continued(se
         asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as holder,
         asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as other,
     ):
-        key = f"{prefix}:{{gone}}:fair"  # the plain lock's holds (and their data beside)
+        key = f"{prefix}:{{gone}}:x"  # the plain lock, held
         with pytest.raises(LockLost) as caught:
             async with holder.lock("gone") as lease:
                 # the acquire "did not reach" the replica before the primary died
                 await replicated(setup.replica.port, key)
                 replica = aioredis.Redis(host="127.0.0.1", port=setup.replica.port)
-                await replica.delete(key, f"{key}:data")
+                await replica.delete(key)
                 await replica.aclose()
                 await fail_over(setup)
                 await asyncio.sleep(scaled(60))  # cancelled by the loss
@@ -213,7 +214,7 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
     old_port = setup.primary.port
     async with asynclock.connect(setup.url, ttl=ttl, prefix=prefix) as locks:
         lease = await locks.lock("ro").acquire()
-        await replicated(setup.replica.port, f"{prefix}:{{ro}}:fair")
+        await replicated(setup.replica.port, f"{prefix}:{{ro}}:x")
         new_port = await fail_over(setup)
         # the old primary comes back (empty) as a replica of the new one
         setup.primary.extra += ["--replicaof", "127.0.0.1", str(new_port)]
@@ -231,16 +232,21 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
         # primary: the renewal is lost, not a success, and the next request
         # follows the sentinels to the real primary
         backend = sentinel_backend(locks)
-        pool = backend.client.connection_pool
-        stale = pool.make_connection()  # type: ignore[no-untyped-call]
-        await stale.connect_to(("127.0.0.1", old_port))
-        pool._available_connections.append(stale)
+
+        async def stale_connection() -> Any:
+            """The next request of the lock (on its own connections) goes to the old primary."""
+            stale = backend.client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+            await stale.connect_to(("127.0.0.1", old_port))
+            lanes: Any = backend.connection._lanes
+            lanes._free.append(stale)
+            lanes._open += 1
+            return stale
+
+        stale = await stale_connection()
         assert await backend.renew([item]) == [False]  # the plain lock's own renewal
         assert not stale.is_connected
         # an acquire there is "server unavailable" (retried), never a success
-        stale = pool.make_connection()  # type: ignore[no-untyped-call]
-        await stale.connect_to(("127.0.0.1", old_port))
-        pool._available_connections.append(stale)
+        await stale_connection()
         with pytest.raises(BackendUnavailable, match="READONLY"):
             await backend.try_acquire(LockRef("lock", "other"), "someone", ttl, enqueue=False)
         # the next renewal asks the sentinels (which may need a moment to

@@ -68,6 +68,21 @@ class Target:
         pass
 
 
+async def redis_leftovers(admin: aioredis.Redis, prefix: str) -> list[str]:
+    """What is still held or queued under ``prefix``: every key but what released locks keep of
+    their fencing tokens (a ``:fence`` counter, a plain lock's ``:x`` holding only its last token)."""
+    left = []
+    async for key in admin.scan_iter(match=f"{prefix}:*"):
+        if key.endswith(b":fence"):
+            continue
+        if key.endswith(b":x"):
+            value = await admin.get(key)
+            if value is not None and b" " not in value:
+                continue
+        left.append(key.decode())
+    return left
+
+
 class RedisTarget(Target):
     kind = "redis"
 
@@ -76,8 +91,7 @@ class RedisTarget(Target):
         self.admin = aioredis.Redis.from_url(url)
 
     async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
-        keys = [k.decode() async for k in self.admin.scan_iter(match=f"{prefix}:*")]
-        return [k for k in keys if not k.endswith(":fence")]
+        return await redis_leftovers(self.admin, prefix)
 
     async def pubsub_clients(self) -> int:
         return len(await self.admin.client_list(_type="pubsub"))
@@ -187,10 +201,9 @@ class SentinelTarget(Target):
         port = await asyncio.get_running_loop().run_in_executor(None, self.setup.current_primary_port)
         admin = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
         try:
-            keys = [k.decode() async for k in admin.scan_iter(match=f"{prefix}:*")]
+            return await redis_leftovers(admin, prefix)
         finally:
             await admin.aclose()
-        return [key for key in keys if not key.endswith(":fence")]
 
 
 class MemoryTarget(Target):

@@ -1,14 +1,15 @@
 """One Redis server (``redis://``, ``rediss://``, ``unix://``, or a given client).
 
-Every primitive is a queue on the server whose release hands the lock over
-to the head waiter inside the release script (``_shared.py``): the plain
-lock is the fair lock, as on ZooKeeper and PostgreSQL, and the read-write
-lock and the semaphore are the same queue in shared modes. An acquire that
+Every primitive is queued on the server and handed over to the head waiter
+inside the release script. The plain lock is the fair lock, as on ZooKeeper
+and PostgreSQL: one string while uncontended, and a queue only while
+somebody waits (``_exclusive.py``). The read-write lock and the semaphore
+are one queued resource in shared modes (``_shared.py``). An acquire that
 finds the lock taken joins the queue in the same request; a hand-over is
 announced on a channel of the waiter's client alone (``_queue.py``), which
 the client's one pub/sub connection listens to (``_pubsub.py``). With
-``replicas=N`` every acquire and renewal is confirmed by N replicas (WAIT),
-and a hand-over by a request of the new holder's own.
+``replicas=N`` every acquire and renewal of the plain lock is confirmed by N
+replicas (WAIT), and a hand-over by a request of the new holder's own.
 
 The package also holds what the other Redis backends are made of:
 ``_connection.py`` (the client and its errors), ``_hash.py`` (the hash lock
@@ -28,17 +29,21 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import ConfigurationError
+from ..._errors import BackendUnavailable, ConfigurationError
 from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_text, take_query
 from ..._values import LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem, unsupported
 from ._connection import Connection, address
+from ._exclusive import ExclusiveLock
 from ._pubsub import PubSub
 from ._queue import Handovers, Waiting
 from ._shared import QueuedResource
 from ._urls import OWN_OPTIONS, check_options, check_replicas, connection_options, database, replica_options
 
 __all__ = ["RedisBackend"]
+
+#: The kinds that are one exclusive lock (the plain lock is FIFO: it is the fair lock).
+EXCLUSIVE = frozenset({"lock", "fair"})
 
 
 class RedisBackend:
@@ -79,7 +84,8 @@ class RedisBackend:
         self._prefix = prefix
         self._pubsub = PubSub(self.connection)
         self._handovers = Handovers(f"{prefix}:handover:{secrets.token_hex(8)}", self._pubsub)
-        self._resource = QueuedResource(self.connection, prefix, self._handovers.channel)
+        self._exclusive = ExclusiveLock(self.connection, prefix, self._handovers.channel)
+        self._shared = QueuedResource(self.connection, prefix, self._handovers.channel)
         # holds of this client that wait in a queue, until granted or released
         self._waiting: dict[str, Waiting] = {}
         # holds whose last request may have gone through unseen (failed, cut short)
@@ -173,8 +179,13 @@ class RedisBackend:
             )
 
     def lock_key(self, ref: LockRef) -> str:
-        """The holds ZSET; the plain and the fair lock of a name are one lock."""
-        return self._resource.key(ref)
+        """The lock's own key; the plain and the fair lock of a name are one lock."""
+        if ref.kind in EXCLUSIVE:
+            return self._exclusive.key(ref.name)
+        return self._shared.key(ref)
+
+    def _queue(self, ref: LockRef) -> ExclusiveLock | QueuedResource:
+        return self._exclusive if ref.kind in EXCLUSIVE else self._shared
 
     def lease_time(self, ttl: float) -> float:
         return ttl
@@ -193,7 +204,7 @@ class RedisBackend:
         fresh = hold not in self._unsure
         sent = asyncio.get_running_loop().time()
         try:
-            entered = await self._resource.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
+            entered = await self._queue(ref).enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
         except (ValueError, ConfigurationError):
             handovers.forget(hold)  # refused: nothing changed on the server
             raise
@@ -223,16 +234,25 @@ class RedisBackend:
         loop = asyncio.get_running_loop()
         await ticket.wait(waiting.poll_at if until is None else min(until, waiting.poll_at))
         if ticket.token is not None and not self.connection.replicas:
+            if ref.kind in EXCLUSIVE:
+                self._exclusive.held(ref, hold, ttl, ticket.token)
             return self._granted(hold, Acquired(ticket.token, confirmed_at=waiting.queued_at))
         # (With replicas, a hand-over by another client's release, which no
         # replica has confirmed to us, is confirmed by this request of our own:
         # it finds the hold ours, resets its expiry, and WAITs.)
         if ticket.token is None:
             self._pubsub.raise_failure()  # the hand-over channel was refused: no message can reach this hold
-        ticket.event.clear()
+        ticket.clear()
         ticket.token = None
         sent = waiting.poll_at = loop.time()  # (a poll that fails is repeated as soon as the front asks again)
-        entered = await self._resource.enter(ref, hold, ttl, enqueue=True, fresh=False)
+        # Bounded: a server that stops answering (no connection error) fails
+        # the poll after a ttl (the entry is gone by then anyway).
+        bound = ttl + self.connection.replica_timeout_ms / 1000 if self.connection.replicas else ttl
+        try:
+            async with asyncio.timeout(bound):
+                entered = await self._queue(ref).enter(ref, hold, ttl, enqueue=True, fresh=False, entry=waiting.entry)
+        except TimeoutError as exc:
+            raise BackendUnavailable(f"{self.connection.where} did not answer within {bound:.3g} s") from exc
         if entered.token is not None:
             return self._granted(hold, Acquired(entered.token, confirmed_at=sent))  # this request reset the expiry
         return Queued(waiting.queued(sent, entered))
@@ -243,25 +263,37 @@ class RedisBackend:
         return acquired
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
-        return await self._resource.set_count(ref, hold, count, ttl)
+        return await self._queue(ref).set_count(ref, hold, count, ttl)
 
     async def release(self, ref: LockRef, hold: str) -> bool:
         """Release ``hold``, or take it out of the queue (and give back a hand-over that raced in)."""
         self._unsure.discard(hold)
-        self._waiting.pop(hold, None)
+        waiting = self._waiting.pop(hold, None)
         self._handovers.forget(hold)
-        return await self._resource.release(ref, hold)
+        return await self._queue(ref).release(ref, hold, waiting.entry if waiting is not None else b"")
 
     async def renew(self, items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
-        return await self._resource.renew(items)
+        if all(item.ref.kind in EXCLUSIVE for item in items):
+            return await self._exclusive.renew(items)
+        if not any(item.ref.kind in EXCLUSIVE for item in items):
+            return await self._shared.renew(items)
+        exclusive = [i for i, item in enumerate(items) if item.ref.kind in EXCLUSIVE]
+        shared = [i for i, item in enumerate(items) if item.ref.kind not in EXCLUSIVE]
+        results: list[bool | BaseException] = [False] * len(items)
+        for indexes, answers in (
+            (exclusive, await self._exclusive.renew([items[i] for i in exclusive])),
+            (shared, await self._shared.renew([items[i] for i in shared])),
+        ):
+            for index, answer in zip(indexes, answers, strict=True):
+                results[index] = answer
+        return results
 
     async def info(self, ref: LockRef) -> LockInfo:
-        return await self._resource.info(ref)
+        return await self._queue(ref).info(ref)
 
     async def names(self) -> list[str]:
         """Names of the plain (and fair) locks held under this client's prefix."""
-        start, end = len(self._prefix) + 2, len("}:fair")
-        return [key[start:-end] for key in await self.connection.scan(f"{self._prefix}:{{*}}:fair")]
+        return await self._exclusive.names()
 
     async def aclose(self) -> None:
         await self._pubsub.aclose()

@@ -9,8 +9,9 @@
   directory; :meth:`Connection.run` calls it by its SHA and loads it again
   when the server answers NOSCRIPT (a flushed cache, a restarted or
   failed-over server).
-* With ``replicas=N``, :meth:`Connection.run_then_wait` sends the script and
-  ``WAIT N`` on one connection in one round trip.
+* :meth:`Connection.call` runs a script on the hot path's own connections
+  (``_wire.py``); with ``replicas=N``, :meth:`Connection.call_confirmed`
+  sends the script and ``WAIT N`` on one connection in one round trip.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._errors import BackendUnavailable, ConfigurationError, LockError
 from ..._options import mask_text
+from ._wire import Lanes, bulk, evalsha
 
 __all__ = [
     "FENCE_LIFETIME_MS",
@@ -76,6 +78,10 @@ class Script:
     name: str
     text: str
     sha: str
+
+    @property
+    def sha_bytes(self) -> bytes:
+        return self.sha.encode()
 
     @classmethod
     def load(cls, *files: str, replace: tuple[str, str] | None = None) -> Script:
@@ -251,6 +257,8 @@ class Connection:
         self._owns_client = owns_client
         #: ``with connection.edge:`` around any call into redis-py.
         self.edge = _Edge(self, (redis_errors.RedisError, OSError, *unavailable))
+        # the hot path's own connections (one server's client only)
+        self._lanes = Lanes(client.connection_pool) if isinstance(client, aioredis.Redis) else None
 
     def add_secret(self, secret: str | None) -> None:
         """Mask ``secret`` too (a password given to a part of the client made elsewhere)."""
@@ -276,30 +284,65 @@ class Connection:
                 await client.script_load(script.text)
                 return await client.evalsha(script.sha, len(keys), *keys, *args)
 
-    async def run_then_wait(
-        self, script: Script, keys: Sequence[str], args: Sequence[str | int | bytes]
-    ) -> tuple[Any, int]:
-        """Run ``script`` and WAIT for the replicas on the same connection, in one round trip.
+    async def call(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
+        """Run ``script`` on a connection of the hot path (keys and args RESP-encoded); errors translated."""
+        [answer], _ = await self.call_many(script, [(keys, args)])
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    async def call_confirmed(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> tuple[Any, int]:
+        """``call``, then WAIT for the replicas on the same connection, in the same round trip.
 
         Returns the script's answer and how many replicas confirmed it (and
         every earlier write of this connection) within the replica timeout.
         """
-        client = self.client
-        assert isinstance(client, aioredis.Redis), "WAIT needs one server's connection"
-        for attempt in (1, 2):
-            with self.edge:
-                async with client.pipeline(transaction=False) as pipe:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                    pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
-                    answer, confirmed = await pipe.execute(raise_on_error=False)
-                if isinstance(answer, redis_errors.NoScriptError) and attempt == 1:
-                    await client.script_load(script.text)
-                    continue
-            for failed in (answer, confirmed):
-                if isinstance(failed, BaseException):
-                    raise self.error(failed) from failed
-            return answer, int(confirmed)
-        raise AssertionError("unreachable")
+        [answer], confirmed = await self.call_many(script, [(keys, args)], wait=True)
+        if isinstance(answer, BaseException):
+            raise answer
+        assert confirmed is not None
+        return answer, confirmed
+
+    async def call_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[bytes], Sequence[bytes]]], *, wait: bool = False
+    ) -> tuple[list[Any], int | None]:
+        """Run ``script`` once per (keys, args) of ``calls``, pipelined in one write.
+
+        Returns each call's answer (an error reply as asynclock's error, in
+        its place) and, with ``wait``, how many replicas confirmed them all.
+        """
+        lanes = self._lanes
+        assert lanes is not None, "one server's client only"
+        commands = [evalsha(script.sha_bytes, keys, args) for keys, args in calls]
+        waiting = b"*3\r\n$4\r\nWAIT\r\n" + bulk(self.replicas) + bulk(self.replica_timeout_ms) if wait else b""
+        with self.edge:
+            replies = await lanes.request(b"".join(commands) + waiting, len(commands) + wait)
+            missing = [i for i in range(len(commands)) if isinstance(replies[i], redis_errors.NoScriptError)]
+            if missing:
+                # (a flushed script cache, a restarted or failed-over server):
+                # loaded, and the calls sent again, in one round trip
+                load = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n" + bulk(script.text)
+                again = await lanes.request(
+                    load + b"".join(commands[i] for i in missing) + waiting, 1 + len(missing) + wait
+                )
+                if isinstance(again[0], BaseException):
+                    raise again[0]
+                for i, answer in zip(missing, again[1:], strict=False):
+                    replies[i] = answer
+                if wait:
+                    replies[-1] = again[-1]
+        confirmed: int | None = None
+        if wait:
+            last = replies.pop()
+            if isinstance(last, BaseException):
+                raise self.error(last) from last
+            confirmed = int(last)
+        for i, answer in enumerate(replies):
+            if isinstance(answer, BaseException):
+                error = self.error(answer)
+                error.__cause__ = answer
+                replies[i] = error
+        return replies, confirmed
 
     async def scan(self, pattern: str) -> list[str]:
         """The keys that match ``pattern`` (SCAN, in batches)."""
@@ -307,7 +350,9 @@ class Connection:
             return [text(key) or "" async for key in self.client.scan_iter(match=pattern, count=1000)]
 
     async def aclose(self) -> None:
-        """Close the client if this connection made it."""
+        """Close the hot path's connections, and the client if this connection made it."""
+        if self._lanes is not None:
+            await self._lanes.aclose()
         if self._owns_client:
             with contextlib.suppress(Exception):
                 await self.client.aclose()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from ...abc import LockRef
@@ -31,27 +31,51 @@ class Entered(NamedTuple):
     ``token``: the hold holds the lock now, with this fencing token (None: it
     does not). ``head``: for a queued hold at the head of the queue, seconds
     until the current holder's lease ends (-1: no holder); None for a hold
-    further back, or one that is not queued.
+    further back, or one that is not queued. ``entry``: the hold's queue
+    entry as the server wrote it, where the queue finds entries by it (its
+    next poll or leave names it).
     """
 
     token: int | None
     head: float | None = None
+    entry: bytes = b""
 
 
-@dataclass(slots=True, eq=False)
 class Ticket:
-    """A queued hold's slot for its hand-over message."""
+    """A hold's slot for its hand-over message, registered before the request that may queue it.
 
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    token: int | None = None
+    ``token``: the hand-over's, once it arrived. The event a waiter sleeps on
+    is made only when one does (most acquires are never queued).
+    """
+
+    __slots__ = ("_event", "_woken", "token")
+
+    def __init__(self) -> None:
+        self.token: int | None = None
+        self._woken = False
+        self._event: asyncio.Event | None = None
+
+    def wake(self) -> None:
+        """The hand-over arrived, or the client must look again."""
+        self._woken = True
+        if self._event is not None:
+            self._event.set()
+
+    def clear(self) -> None:
+        """Forget a wake-up (before a request that looks again)."""
+        self._woken = False
+        if self._event is not None:
+            self._event.clear()
 
     async def wait(self, until: float) -> None:
-        """Until the hand-over arrives (or the client must look again), or the loop time ``until``."""
-        if self.event.is_set():
+        """Until a wake-up, or the loop time ``until``."""
+        if self._woken:
             return
+        if self._event is None:
+            self._event = asyncio.Event()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(until):
-                await self.event.wait()
+                await self._event.wait()
 
 
 class Handovers:
@@ -95,12 +119,12 @@ class Handovers:
         ticket = self._tickets.get(hold)
         if ticket is not None and token.isdigit():
             ticket.token = int(token)
-            ticket.event.set()
+            ticket.wake()
 
     def resync(self) -> None:
         """Messages may have been missed (or the channel was refused): every queued hold looks again."""
         for ticket in self._tickets.values():
-            ticket.event.set()
+            ticket.wake()
 
 
 @dataclass(slots=True, eq=False)
@@ -121,10 +145,12 @@ class Waiting:
     ticket: Ticket
     queued_at: float
     poll_at: float
+    entry: bytes = b""
 
     def queued(self, sent: float, entered: Entered) -> float:
         """The server answered "still queued" to a request sent at ``sent``: seconds until the next poll."""
         self.queued_at = sent
+        self.entry = entered.entry
         pause = self.ttl / 3
         if entered.head is not None and entered.head >= 0:
             pause = min(pause, entered.head + 0.002)

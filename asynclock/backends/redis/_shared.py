@@ -1,12 +1,9 @@
 """The read-write lock and the semaphore on one Redis server: a queued resource.
 
-(In exclusive mode the same resource serves the plain and the fair lock.)
-
-Requests are told apart by their mode: ``x`` (exclusive: the plain and fair
-lock, the write side), ``r`` (shared: the read side) and ``s`` (one of
-``permits``: the semaphore). A resource of the family ``fair``, ``rw`` or
-``sem`` and the name ``N`` is five keys sharing the ``{N}`` hash tag
-(``<base>`` is ``<prefix>:{N}:<family>``):
+Requests are told apart by their mode: ``x`` (exclusive: the write side),
+``r`` (shared: the read side) and ``s`` (one of ``permits``: the
+semaphore). A resource of the family ``rw`` or ``sem`` and the name ``N`` is
+five keys sharing the ``{N}`` hash tag (``<base>`` is ``<prefix>:{N}:<family>``):
 
 * ``<base>``: ZSET of the holds, scored by the server-time (ms) at which each
   expires. Every hold has its own expiry, so a dead reader or semaphore holder
@@ -57,8 +54,8 @@ __all__ = ["QueuedResource"]
 #: Holds renewed by one script call (two keys each).
 RENEW_CHUNK = 1000
 #: Request mode and key family of each kind (both sides of a read-write lock are one resource).
-MODES = {"lock": "x", "fair": "x", "write": "x", "read": "r", "semaphore": "s"}
-FAMILIES = {"lock": "fair", "fair": "fair", "write": "rw", "read": "rw", "semaphore": "sem"}
+MODES = {"write": "x", "read": "r", "semaphore": "s"}
+FAMILIES = {"write": "rw", "read": "rw", "semaphore": "sem"}
 
 ACQUIRE = Script.load("queue_prelude.lua", "queue_acquire.lua")
 RELEASE = Script.load("queue_prelude.lua", "queue_release.lua")
@@ -70,9 +67,8 @@ INFO = Script.load("queue_prelude.lua", "queue_info.lua")
 class QueuedResource:
     """Queued resources of one server: requests by hold id, hand-overs on ``channel``.
 
-    ``channel`` is this client's hand-over channel; with the connection's
-    ``replicas`` a request that grants is confirmed by that many replicas
-    (WAIT), and one they do not confirm is given back.
+    ``channel`` is this client's hand-over channel. (Not with ``replicas``:
+    a hand-over to another client's waiter is not confirmed by them.)
     """
 
     def __init__(self, connection: Connection, prefix: str, channel: str) -> None:
@@ -88,31 +84,20 @@ class QueuedResource:
         base = self.key(ref)
         return [base, f"{base}:data", f"{base}:queue", f"{base}:waiting", f"{base}:fence"]
 
-    async def enter(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool) -> Entered:
+    async def enter(
+        self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool, entry: bytes = b""
+    ) -> Entered:
         """One acquire request: take it, re-enter it, or (``enqueue``) queue or poll.
 
         ``fresh``: the first request of ``hold`` (it cannot hold or be queued
-        yet), which skips the look-ups that make retries idempotent. Raises
+        yet), which skips the look-ups that make retries idempotent. (This
+        queue finds an entry by its hold id: ``entry`` is not needed.) Raises
         ValueError (nothing changed) for a semaphore whose users ask for
         another number of permits.
         """
-        connection = self._connection
         keys = self._keys(ref)
         args = (hold, MODES[ref.kind], ref.permits, ms(ttl), int(enqueue), self._channel, FENCE_LIFETIME_MS, int(fresh))
-        if not connection.replicas:
-            answer = await connection.run(ACQUIRE, keys, args)
-        else:
-            # On the same connection, WAIT for the replicas: once this write is
-            # on them, so is every earlier one, a hand-over to this hold included.
-            answer, confirmed = await connection.run_then_wait(ACQUIRE, keys, args)
-            if int(answer[0]) == 1 and confirmed < connection.replicas:
-                # Not on enough replicas: a failover now could lose it. Give it
-                # back (to the next in line); the caller retries or fails.
-                await self.release(ref, hold)
-                raise BackendUnavailable(
-                    f"only {confirmed} of {connection.replicas} replicas confirmed the acquire within the"
-                    " replica timeout"
-                )
+        answer = await self._connection.run(ACQUIRE, keys, args)
         if int(answer[0]) == 1:
             return Entered(int(answer[1]))
         if int(answer[0]) == -1:
@@ -122,7 +107,7 @@ class QueuedResource:
             )
         return Entered(None, int(answer[1]) / 1000 if int(answer[2]) == 1 else None)
 
-    async def release(self, ref: LockRef, hold: str) -> bool:
+    async def release(self, ref: LockRef, hold: str, entry: bytes = b"") -> bool:
         """Give up ``hold`` or take it out of the queue; what it frees goes to the head of the queue."""
         answer = await self._connection.run(RELEASE, self._keys(ref), (hold, ref.permits, FENCE_LIFETIME_MS))
         return int(answer[0]) == 1
@@ -131,7 +116,7 @@ class QueuedResource:
         return bool(await self._connection.run(SET_COUNT, self._keys(ref), (hold, count, ms(ttl))))
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        """Renew ``items`` in script calls of ``RENEW_CHUNK`` holds (confirmed by the replicas, if asked)."""
+        """Renew ``items`` in script calls of ``RENEW_CHUNK`` holds."""
         connection = self._connection
         results: list[bool | BaseException] = []
         for start in range(0, len(items), RENEW_CHUNK):
@@ -143,17 +128,7 @@ class QueuedResource:
                 keys += [base, f"{base}:data"]
                 args += [item.hold, ms(item.ttl)]
             try:
-                if not connection.replicas:
-                    answer = await connection.run(RENEW, keys, args)
-                else:
-                    answer, confirmed = await connection.run_then_wait(RENEW, keys, args)
-                    if confirmed < connection.replicas:
-                        # Renewed on the primary only: not trusted; retried until the deadline.
-                        error = BackendUnavailable(
-                            f"only {confirmed} of {connection.replicas} replicas confirmed the renewal"
-                        )
-                        results += [error if flag else False for flag in answer]
-                        continue
+                answer = await connection.run(RENEW, keys, args)
             except LockError as exc:
                 # A demoted primary: whatever it holds is not the lock any more.
                 cause = exc.__cause__

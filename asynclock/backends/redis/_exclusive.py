@@ -1,0 +1,215 @@
+"""The plain and the fair lock on one Redis server: one string, and a queue only on contention.
+
+Two keys share the ``{N}`` hash tag of the lock ``N``:
+
+* ``X = <prefix>:{N}:x`` (string): held, ``"<token> <count> <flag> <expiry
+  ms> <hold>"`` with the key expiring at that expiry (server time); ``flag``
+  is ``q`` while somebody may be queued, else ``-``. Free, ``"<token>"``:
+  the last fencing token, kept for a day after the release.
+* ``Q = <prefix>:{N}:x:q`` (list): the queued holds, oldest first, each
+  ``"<deadline ms> <ttl ms> <channel> <hold>"``: the entry's server-time
+  deadline (a waiter keeps it alive by polling), the ttl its hold gets, and
+  the channel its client listens to. It exists only while somebody waits.
+
+An uncontended acquire is ``GET X``, ``TIME``, ``SET X``; an uncontended
+release, ``SET X <token> GET`` (the hold's token is known to this client).
+A lock that is free has nobody queued (a release that finds ``q`` hands
+over), so a free X is taken at once; an absent X with a queue (the holder
+expired) serves the head first: nobody jumps the queue, not even
+``timeout=0``, which never queues. A hand-over makes the head the holder
+inside the release script and publishes ``"<hold> <token>"`` on its client's
+channel (``_queue.py``); a grant whose message reaches nobody is taken back
+and the next is served.
+
+Fencing tokens are ``max(last token + 1, server time in µs)``: the stored
+token keeps them increasing while Redis keeps its data, and the time floor
+after a restart without data, an eviction, or a failover to a replica that
+missed the last grants. It assumes the server's clock does not step back by
+more than a day. The scripts are ``_scripts/exclusive_*.lua``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..._errors import BackendUnavailable, LockError
+from ..._values import LockInfo
+from ...abc import LockRef, RenewItem
+from ._connection import FENCE_LIFETIME_MS, Connection, Script, is_readonly, ms, text
+from ._queue import Entered
+from ._wire import bulk
+
+__all__ = ["ExclusiveLock"]
+
+#: Holds renewed by one script call; the calls of one renewal go out in one write.
+RENEW_CHUNK = 1000
+#: How many locks' encoded keys are kept.
+KEY_CACHE = 4096
+
+ACQUIRE = Script.load("exclusive_prelude.lua", "exclusive_acquire.lua")
+RELEASE = Script.load("exclusive_prelude.lua", "exclusive_release.lua")
+SET_COUNT = Script.load("exclusive_prelude.lua", "exclusive_set_count.lua")
+INFO = Script.load("exclusive_prelude.lua", "exclusive_info.lua")
+RENEW = Script.load("exclusive_renew.lua")
+
+_FENCE = bulk(FENCE_LIFETIME_MS)
+_ONE, _ZERO, _EMPTY = bulk(1), bulk(0), bulk(b"")
+
+
+class _Held:
+    """What this client knows of a hold it has: its token, and its renewal's encoded key and arguments."""
+
+    __slots__ = ("args", "key", "token")
+
+    def __init__(self, token: bytes, key: bytes, args: tuple[bytes, bytes]) -> None:
+        self.token = token
+        self.key = key
+        self.args = args
+
+
+class ExclusiveLock:
+    """Plain and fair locks of one server; ``channel`` is this client's hand-over channel."""
+
+    def __init__(self, connection: Connection, prefix: str, channel: str) -> None:
+        self._connection = connection
+        self._prefix = prefix
+        self._channel = bulk(channel)
+        self._keys: dict[str, tuple[bytes, bytes]] = {}
+        self._held: dict[str, _Held] = {}
+
+    def key(self, name: str) -> str:
+        """The lock's string X, ``<prefix>:{<name>}:x``."""
+        return f"{self._prefix}:{{{name}}}:x"
+
+    def _encoded(self, name: str) -> tuple[bytes, bytes]:
+        keys = self._keys.get(name)
+        if keys is None:
+            if len(self._keys) >= KEY_CACHE:
+                self._keys.clear()
+            x = self.key(name)
+            keys = self._keys[name] = (bulk(x), bulk(x + ":q"))
+        return keys
+
+    def held(self, ref: LockRef, hold: str, ttl: float, token: int) -> None:
+        """``hold`` holds the lock now with ``token`` (its release and renewals rely on it)."""
+        self._held[hold] = _Held(b"%d" % token, self._encoded(ref.name)[0], (bulk(hold), bulk(ms(ttl))))
+
+    async def enter(
+        self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool, entry: bytes = b""
+    ) -> Entered:
+        """One acquire request: take it, re-enter it, or (``enqueue``) queue or poll.
+
+        ``fresh``: the first request of ``hold`` (it cannot be queued yet);
+        ``entry``: its queue entry as last answered. With the connection's
+        ``replicas``, a request that grants is confirmed by them (WAIT), and
+        one they do not confirm is given back.
+        """
+        connection = self._connection
+        args = (
+            bulk(hold),
+            bulk(ms(ttl)),
+            _ONE if enqueue else _ZERO,
+            self._channel,
+            _ONE if fresh else _ZERO,
+            bulk(entry),
+        )
+        keys = self._encoded(ref.name)
+        if not connection.replicas:
+            answer = await connection.call(ACQUIRE, keys, args)
+        else:
+            # On the same connection, WAIT for the replicas: once this write is
+            # on them, so is every earlier one, a hand-over to this hold included.
+            answer, confirmed = await connection.call_confirmed(ACQUIRE, keys, args)
+            if int(answer[0]) == 1 and confirmed < connection.replicas:
+                # Not on enough replicas: a failover now could lose it. Give it
+                # back (to the next in line); the caller retries or fails.
+                await self.release(ref, hold)
+                raise BackendUnavailable(
+                    f"only {confirmed} of {connection.replicas} replicas confirmed the acquire within the"
+                    " replica timeout"
+                )
+        if int(answer[0]) == 1:
+            token = int(answer[1])
+            self.held(ref, hold, ttl, token)
+            return Entered(token)
+        head = int(answer[1]) / 1000 if int(answer[2]) == 1 else None
+        return Entered(None, head, bytes(answer[3]) if not isinstance(answer[3], str) else answer[3].encode())
+
+    async def release(self, ref: LockRef, hold: str, entry: bytes = b"") -> bool:
+        """Give up ``hold`` (to the head of the queue), or take it out of the queue."""
+        known = self._held.pop(hold, None)
+        args = (bulk(hold), _FENCE, bulk(known.token) if known is not None else _EMPTY, bulk(entry))
+        answer = await self._connection.call(RELEASE, self._encoded(ref.name), args)
+        return int(answer[0]) == 1
+
+    async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
+        answer = await self._connection.call(
+            SET_COUNT, self._encoded(ref.name), (bulk(hold), bulk(count), bulk(ms(ttl)))
+        )
+        return bool(int(answer))
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        """Renew ``items``: one script call per ``RENEW_CHUNK`` holds, every call in one write.
+
+        Each answer is a string of ``1`` (renewed) and ``0`` (not the holder
+        any more); with ``replicas``, a renewal they do not confirm is an
+        error (retried until the lease's deadline).
+        """
+        connection = self._connection
+        calls: list[tuple[list[bytes], list[bytes]]] = []
+        for start in range(0, len(items), RENEW_CHUNK):
+            keys: list[bytes] = []
+            args: list[bytes] = []
+            for item in items[start : start + RENEW_CHUNK]:
+                held = self._held.get(item.hold)
+                if held is None:  # (not granted through this client: encoded now)
+                    held = _Held(b"", self._encoded(item.name)[0], (bulk(item.hold), bulk(ms(item.ttl))))
+                keys.append(held.key)
+                args += held.args
+            calls.append((keys, args))
+        try:
+            answers, confirmed = await connection.call_many(RENEW, calls, wait=bool(connection.replicas))
+        except LockError as exc:
+            return [_renew_failed(exc)] * len(items)
+        results: list[bool | BaseException] = []
+        for (keys, _), answer in zip(calls, answers, strict=True):
+            if isinstance(answer, BaseException):
+                results += [_renew_failed(answer)] * len(keys)
+                continue
+            flags = answer if isinstance(answer, bytes) else str(answer).encode()
+            if confirmed is not None and confirmed < connection.replicas:
+                # Renewed on the primary only: not trusted; retried until the deadline.
+                error = BackendUnavailable(f"only {confirmed} of {connection.replicas} replicas confirmed the renewal")
+                results += [error if flag == 0x31 else False for flag in flags]
+            else:
+                results += [flag == 0x31 for flag in flags]
+        return results
+
+    async def info(self, ref: LockRef) -> LockInfo:
+        answer = await self._connection.call(INFO, self._encoded(ref.name), ())
+        holder, count, token, left, waiting = answer
+        key = self.key(ref.name)
+        owner = text(holder)
+        if owner is None:
+            return LockInfo(ref.name, key, None, 0, None, int(waiting), None)
+        return LockInfo(ref.name, key, owner, int(count), max(0, int(left)) / 1000, int(waiting), int(token))
+
+    async def names(self) -> list[str]:
+        """Names of the locks held under the prefix (a free lock's X holds only its last token)."""
+        connection = self._connection
+        keys = await connection.scan(f"{self._prefix}:{{*}}:x")
+        start, end = len(self._prefix) + 2, len("}:x")
+        found: list[str] = []
+        for batch in range(0, len(keys), 1000):
+            chunk = keys[batch : batch + 1000]
+            with connection.edge:
+                values: list[Any] = await connection.client.mget(chunk)
+            found += [key[start:-end] for key, value in zip(chunk, values, strict=True) if " " in (text(value) or "")]
+        return found
+
+
+def _renew_failed(exc: BaseException) -> bool | BaseException:
+    """A renewal's error as its result: a READONLY server (a demoted primary) holds none of them."""
+    cause = exc.__cause__
+    return False if isinstance(exc, BackendUnavailable) and cause is not None and is_readonly(cause) else exc
