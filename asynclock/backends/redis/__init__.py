@@ -36,7 +36,7 @@ from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewIte
 from ._connection import Connection, address
 from ._exclusive import ExclusiveLock
 from ._pubsub import PubSub
-from ._queue import Handovers, Waiting
+from ._queue import Entered, Handovers, Waiting
 from ._shared import QueuedResource
 from ._urls import OWN_OPTIONS, check_options, check_replicas, connection_options, database, replica_options
 
@@ -187,6 +187,12 @@ class RedisBackend:
     def _queue(self, ref: LockRef) -> ExclusiveLock | QueuedResource:
         return self._exclusive if ref.kind in EXCLUSIVE else self._shared
 
+    async def _enter(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool, entry: bytes) -> Entered:
+        """One acquire request to the queue that serves ``ref`` (``entry``: the hold's as last answered)."""
+        if ref.kind in EXCLUSIVE:
+            return await self._exclusive.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh, entry=entry)
+        return await self._shared.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
+
     def lease_time(self, ttl: float) -> float:
         return ttl
 
@@ -204,7 +210,7 @@ class RedisBackend:
         fresh = hold not in self._unsure
         sent = asyncio.get_running_loop().time()
         try:
-            entered = await self._queue(ref).enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
+            entered = await self._enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh, entry=b"")
         except (ValueError, ConfigurationError):
             handovers.forget(hold)  # refused: nothing changed on the server
             raise
@@ -250,7 +256,7 @@ class RedisBackend:
         bound = ttl + self.connection.replica_timeout_ms / 1000 if self.connection.replicas else ttl
         try:
             async with asyncio.timeout(bound):
-                entered = await self._queue(ref).enter(ref, hold, ttl, enqueue=True, fresh=False, entry=waiting.entry)
+                entered = await self._enter(ref, hold, ttl, enqueue=True, fresh=False, entry=waiting.entry)
         except TimeoutError as exc:
             raise BackendUnavailable(f"{self.connection.where} did not answer within {bound:.3g} s") from exc
         if entered.token is not None:
@@ -270,7 +276,9 @@ class RedisBackend:
         self._unsure.discard(hold)
         waiting = self._waiting.pop(hold, None)
         self._handovers.forget(hold)
-        return await self._queue(ref).release(ref, hold, waiting.entry if waiting is not None else b"")
+        if ref.kind in EXCLUSIVE:
+            return await self._exclusive.release(ref, hold, waiting.entry if waiting is not None else b"")
+        return await self._shared.release(ref, hold)
 
     async def renew(self, items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
         if all(item.ref.kind in EXCLUSIVE for item in items):

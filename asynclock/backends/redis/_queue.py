@@ -8,8 +8,8 @@ entry alive by polling (the entry expires by the server's clock a ttl after
 the waiter's last request); a poll also finds a hand-over whose message was
 lost. :class:`Waiting` is one such hold, with the pace of its polls.
 
-The queues themselves (what the requests do on the server) answer
-:class:`Entered`; see ``_shared.py``.
+The queues themselves (what the requests do on the server, ``_exclusive.py``
+and ``_shared.py``) answer :class:`Entered`.
 """
 
 from __future__ import annotations
