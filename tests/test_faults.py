@@ -285,6 +285,20 @@ def test_checker_ends_a_killed_holder_at_its_kill_and_flags_a_worker_that_vanish
     assert any("did not finish" in v for v in check([vanished], _store(0)).violations)
 
 
+def test_checker_ends_a_killed_holder_whose_body_was_over_where_it_ended() -> None:
+    """Killed while its release was under way (the next holder already in): its section
+    ended where its body did, not at the kill; a start before that is still an overlap."""
+    killed = WorkerLog(0)
+    killed.add({"ev": "start", "sid": 1, "t": 1.0, "token": 5})
+    killed.add({"ev": "end", "sid": 1, "t": 1.3})
+    killed.close_killed(1.5)
+    assert killed.sections[0].end == 1.3
+    handed = WorkerLog(1, done=True, sections=[_section(1, 1.4, 1.6, 6)])
+    assert check([killed, handed], _store(1), killed=[0]).violations == []
+    early = WorkerLog(1, done=True, sections=[_section(1, 1.2, 1.6, 6)])
+    assert any("overlap" in v for v in check([killed, early], _store(1), killed=[0]).violations)
+
+
 def test_checker_tells_a_starved_waiter_of_a_non_fair_lock_from_a_lock_that_stood_still() -> None:
     others = [_section(1, 2.0 + i, 2.5 + i, 5 + i) for i in range(4)]
     starved = WorkerLog(0, done=True)

@@ -79,6 +79,8 @@ class WorkerLog:
     open_starts: dict[int, tuple[float, int]] = field(default_factory=dict)
     #: planned hold time of each open section
     planned: dict[int, float] = field(default_factory=dict)
+    #: end of each open section whose body is over (its release under way)
+    ended: dict[int, float] = field(default_factory=dict)
     cancelled: int = 0
     unavailable: int = 0
     #: (asked, gave up) of each acquire that ended with BackendUnavailable
@@ -111,9 +113,12 @@ class WorkerLog:
         elif kind == "start":
             self.open_starts[event["sid"]] = (event["t"], event["token"])
             self.planned[event["sid"]] = float(event.get("hold", 0.0))
+        elif kind == "end":
+            self.ended[event["sid"]] = float(event["t"])
         elif kind == "section":
             self.open_starts.pop(event["sid"], None)
             self.planned.pop(event["sid"], None)
+            self.ended.pop(event["sid"], None)
             self.sections.append(
                 Section(
                     self.index,
@@ -141,10 +146,13 @@ class WorkerLog:
             self.done = True
 
     def close_killed(self, killed_at: float) -> None:
-        """Sections open when the process was killed end when SIGKILL was sent."""
+        """Sections open when the process was killed end when SIGKILL was sent, or, if
+        the body was over (the release under way), where it said its section ended."""
         for sid, (start, token) in sorted(self.open_starts.items()):
-            self.sections.append(Section(self.index, sid, start, killed_at, token, "?", "?", "killed", killed=True))
+            end = self.ended.get(sid, killed_at)
+            self.sections.append(Section(self.index, sid, start, end, token, "?", "?", "killed", killed=True))
         self.open_starts.clear()
+        self.ended.clear()
 
 
 @dataclass

@@ -288,7 +288,7 @@ class Worker:
         """The section this worker is in (its sid), if any, planned to last ``min_hold`` or more."""
         log = self.poll()
         for sid in log.open_starts:
-            if log.planned.get(sid, 0.0) >= min_hold:
+            if sid not in log.ended and log.planned.get(sid, 0.0) >= min_hold:
                 return sid
         return None
 

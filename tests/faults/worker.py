@@ -228,6 +228,9 @@ class Worker:
                         section["write"] = "ok" if accepted else "refused"
                 finally:
                     section["end"] = time.monotonic()
+                    # journaled before the release goes out: a worker killed from
+                    # now on (its release under way) is no longer in its section
+                    self.journal.write(ev="end", sid=self.sid, t=section["end"])
                     phase[0] = "release"
         except asynclock.LockLost:
             outcome = "lost"

@@ -81,11 +81,15 @@ class Lanes:
                 await conn.connect()  # (a Sentinel's connection asks the sentinels where to)
             await conn.send_packed_command(command)
             answers: list[Any] = []
-            for _ in range(replies):
+            while len(answers) < replies:
                 try:
                     answers.append(await conn.read_response())
                 except redis_errors.ResponseError as error:  # a whole reply: the connection is fine
                     answers.append(error)
+                    if not conn.is_connected:
+                        # (closed on purpose by its class: a Sentinel's connection after
+                        # READONLY, to ask the sentinels again) the rest had the same fate
+                        answers += [error] * (replies - len(answers))
         except BaseException:
             # The reply was not read (cancelled, timed out, broken): what follows
             # on this connection is unknown, so it is closed, never reused.
