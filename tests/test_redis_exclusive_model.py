@@ -102,9 +102,12 @@ class ExclusiveScripts(RuleBasedStateMachine):
         self.seq += 1
         return f"c{client}:h{self.seq}"
 
-    def _acquire(self, hold: str, client: int, *, enqueue: bool, fresh: bool, entry: bytes) -> list[Any]:
+    def _acquire(self, hold: str, client: int, *, enqueue: bool, fresh: bool, entry: bytes) -> int | bytes:
+        """The token (held now) or ``b"<ms until the holder's lease ends, at the head; else -1> <entry>"``."""
         args = [hold, TTL_MS, int(enqueue), self.channels[client], int(fresh), entry]
-        return list(self.redis.eval(ACQUIRE.text, 2, self.x, self.q, *args))
+        answer = self.redis.eval(ACQUIRE.text, 2, self.x, self.q, *args)
+        assert isinstance(answer, (int, bytes)), answer
+        return answer
 
     def _granted(self, hold: str, token: int) -> None:
         assert token > self.top, f"token {token} after {self.top}"
@@ -149,7 +152,7 @@ class ExclusiveScripts(RuleBasedStateMachine):
         answer = self._acquire(entry.hold, entry.client, enqueue=True, fresh=False, entry=entry.text if known else b"")
         self._answered(entry.hold, entry.client, answer, True)
 
-    def _answered(self, hold: str, client: int, answer: list[Any], enqueue: bool) -> None:
+    def _answered(self, hold: str, client: int, answer: int | bytes, enqueue: bool) -> None:
         """Check the answer to an acquire (or poll) of ``hold`` against the model, and update it."""
         if self.holder is None:
             if self.queue:
@@ -158,26 +161,29 @@ class ExclusiveScripts(RuleBasedStateMachine):
                 self.holder = hold
                 self.queue = [entry for entry in self.queue if entry.hold != hold]
         if self.holder == hold:
-            assert int(answer[0]) == 1, answer
-            token = int(answer[1])
+            assert isinstance(answer, int), answer
+            token = answer
             if hold in self.held_tokens:  # a retry or a poll of a hold already granted
                 assert token == self.held_tokens[hold]
             else:
                 self._granted(hold, token)
             self.queue = [entry for entry in self.queue if entry.hold != hold]
             return
-        assert int(answer[0]) == 0, answer
+        assert isinstance(answer, bytes), answer
+        hint, _, text = answer.partition(b" ")
         if not enqueue:
-            assert answer[3] == b""
+            assert answer == b"-1 "
             return
         entry = self._queued(hold)
         if entry is None:
             entry = Entry(hold, client, b"")
             self.queue.append(entry)
-        entry.text = bytes(answer[3])
+        entry.text = text
         entry.expired = False
-        heads = int(answer[2]) == 1
+        heads = hint != b"-1"
         assert heads == (self.queue[0].hold == hold), (answer, self.queue)
+        if heads:
+            assert 0 <= int(hint) <= TTL_MS
 
     @precondition(lambda self: self.holder is not None or self.queue)
     @rule(data=st.data(), known=st.booleans())
@@ -203,11 +209,11 @@ class ExclusiveScripts(RuleBasedStateMachine):
         args = [hold, KEEP_MS, token if token is not None else "", entry.text if entry is not None and known else b""]
         answer = self.redis.eval(RELEASE.text, 2, self.x, self.q, *args)
         if self.holder == hold:
-            assert list(answer) == [1]
+            assert answer == 1
             self.holder = None
             self._serve(None)
         else:
-            assert list(answer) == [0]
+            assert answer == 0
             self.queue = [entry for entry in self.queue if entry.hold != hold]
             if entry is not None and self.holder is None and self.queue:
                 self._serve(None)  # no live holder: the next in line goes now

@@ -52,6 +52,8 @@ __all__ = [
 
 #: How long a lock's last fencing token outlives its last acquisition, in ms.
 FENCE_LIFETIME_MS = 24 * 3600 * 1000
+#: ``SCRIPT LOAD``, its text to follow.
+_LOAD = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n"
 
 
 def ms(seconds: float) -> int:
@@ -286,9 +288,19 @@ class Connection:
 
     async def call(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
         """Run ``script`` on a connection of the hot path (keys and args RESP-encoded); errors translated."""
-        [answer], _ = await self.call_many(script, [(keys, args)])
-        if isinstance(answer, BaseException):
-            raise answer
+        lanes = self._lanes
+        assert lanes is not None, "one server's client only"
+        command = evalsha(script.sha_bytes, keys, args)
+        with self.edge:
+            [answer] = await lanes.request(command)
+            if isinstance(answer, redis_errors.NoScriptError):
+                # (a flushed script cache, a restarted or failed-over server):
+                # loaded, and the call sent again, in one round trip
+                loaded, answer = await lanes.request(_LOAD + bulk(script.text) + command, 2)
+                if isinstance(loaded, BaseException):
+                    raise loaded
+            if isinstance(answer, BaseException):
+                raise answer
         return answer
 
     async def call_confirmed(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> tuple[Any, int]:
@@ -321,9 +333,9 @@ class Connection:
             if missing:
                 # (a flushed script cache, a restarted or failed-over server):
                 # loaded, and the calls sent again, in one round trip
-                load = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n" + bulk(script.text)
                 again = await lanes.request(
-                    load + b"".join(commands[i] for i in missing) + waiting, 1 + len(missing) + wait
+                    _LOAD + bulk(script.text) + b"".join(commands[i] for i in missing) + waiting,
+                    1 + len(missing) + wait,
                 )
                 if isinstance(again[0], BaseException):
                     raise again[0]

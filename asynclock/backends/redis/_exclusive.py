@@ -76,6 +76,7 @@ class ExclusiveLock:
         self._prefix = prefix
         self._channel = bulk(channel)
         self._keys: dict[str, tuple[bytes, bytes]] = {}
+        self._ttls: dict[float, bytes] = {}
         self._held: dict[str, _Held] = {}
 
     def key(self, name: str) -> str:
@@ -91,9 +92,17 @@ class ExclusiveLock:
             keys = self._keys[name] = (bulk(x), bulk(x + ":q"))
         return keys
 
+    def _ttl(self, ttl: float) -> bytes:
+        encoded = self._ttls.get(ttl)
+        if encoded is None:
+            if len(self._ttls) >= KEY_CACHE:
+                self._ttls.clear()
+            encoded = self._ttls[ttl] = bulk(ms(ttl))
+        return encoded
+
     def held(self, ref: LockRef, hold: str, ttl: float, token: int) -> None:
         """``hold`` holds the lock now with ``token`` (its release and renewals rely on it)."""
-        self._held[hold] = _Held(b"%d" % token, self._encoded(ref.name)[0], (bulk(hold), bulk(ms(ttl))))
+        self._held[hold] = _Held(b"%d" % token, self._encoded(ref.name)[0], (bulk(hold), self._ttl(ttl)))
 
     async def enter(
         self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool, entry: bytes = b""
@@ -108,11 +117,11 @@ class ExclusiveLock:
         connection = self._connection
         args = (
             bulk(hold),
-            bulk(ms(ttl)),
+            self._ttl(ttl),
             _ONE if enqueue else _ZERO,
             self._channel,
             _ONE if fresh else _ZERO,
-            bulk(entry),
+            bulk(entry) if entry else _EMPTY,
         )
         keys = self._encoded(ref.name)
         if not connection.replicas:
@@ -121,7 +130,7 @@ class ExclusiveLock:
             # On the same connection, WAIT for the replicas: once this write is
             # on them, so is every earlier one, a hand-over to this hold included.
             answer, confirmed = await connection.call_confirmed(ACQUIRE, keys, args)
-            if int(answer[0]) == 1 and confirmed < connection.replicas:
+            if isinstance(answer, int) and confirmed < connection.replicas:
                 # Not on enough replicas: a failover now could lose it. Give it
                 # back (to the next in line); the caller retries or fails.
                 await self.release(ref, hold)
@@ -129,19 +138,22 @@ class ExclusiveLock:
                     f"only {confirmed} of {connection.replicas} replicas confirmed the acquire within the"
                     " replica timeout"
                 )
-        if int(answer[0]) == 1:
-            token = int(answer[1])
-            self.held(ref, hold, ttl, token)
-            return Entered(token)
-        head = int(answer[1]) / 1000 if int(answer[2]) == 1 else None
-        return Entered(None, head, bytes(answer[3]) if not isinstance(answer[3], str) else answer[3].encode())
+        if isinstance(answer, int):
+            self.held(ref, hold, ttl, answer)
+            return Entered(answer)
+        hint, _, queued = (answer.encode() if isinstance(answer, str) else answer).partition(b" ")
+        return Entered(None, int(hint) / 1000 if hint != b"-1" else None, queued)
 
     async def release(self, ref: LockRef, hold: str, entry: bytes = b"") -> bool:
         """Give up ``hold`` (to the head of the queue), or take it out of the queue."""
         known = self._held.pop(hold, None)
-        args = (bulk(hold), _FENCE, bulk(known.token) if known is not None else _EMPTY, bulk(entry))
-        answer = await self._connection.call(RELEASE, self._encoded(ref.name), args)
-        return int(answer[0]) == 1
+        args = (
+            bulk(hold),
+            _FENCE,
+            bulk(known.token) if known is not None else _EMPTY,
+            bulk(entry) if entry else _EMPTY,
+        )
+        return bool(await self._connection.call(RELEASE, self._encoded(ref.name), args))
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
         answer = await self._connection.call(

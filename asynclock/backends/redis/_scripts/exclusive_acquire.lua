@@ -6,10 +6,10 @@
 -- now, 0: never queue, ARGV[4] the channel of the caller's client, ARGV[5] 1
 -- on the first request of this hold id (it cannot be queued yet), ARGV[6] its
 -- queue entry as last answered ('' if none)
--- returns {1, token} if ARGV[1] holds it now (just taken, or already: a retry,
--- a poll after a hand-over; its expiry is reset to ARGV[2] from now), else
--- {0, ms until the holder's lease ends if ARGV[1] heads the queue (-1
--- otherwise), 1 if it heads the queue, its queue entry ('' if not queued)}
+-- returns the token (an integer) if ARGV[1] holds it now (just taken, or
+-- already: a retry, a poll after a hand-over; its expiry is reset to ARGV[2]
+-- from now), else a string "<ms until the holder's lease ends if ARGV[1]
+-- heads the queue, -1 otherwise> <its queue entry, empty if not queued>"
 
 local hold, ttl = ARGV[1], tonumber(ARGV[2])
 local v = redis.call('GET', X)
@@ -19,29 +19,29 @@ if v then
   if not holder then -- free: nobody is queued (a release hands over while anybody is)
     local t = token(tonumber(v))
     hold_x(t, 1, '-', hold, ttl)
-    return {1, num(t)}
+    return t
   end
 elseif redis.call('EXISTS', Q) == 0 then -- never used, expired or lost, and nobody queued
   local t = token(nil)
   hold_x(t, 1, '-', hold, ttl)
-  return {1, num(t)}
+  return t
 end
 if holder == hold then -- a retry, or a poll after a hand-over: still ours
   hold_x(tonumber(tok), count, flag, hold, ttl)
-  return {1, tok}
+  return tonumber(tok)
 end
 if not holder then -- the holder expired while others are queued: the queue goes first
   local t
   holder, t, exp = serve(nil, hold)
-  if holder == hold then return {1, num(t)} end
+  if holder == hold then return t end
   if not holder then -- nobody queued is alive
     t = token(t)
     hold_x(t, 1, '-', hold, ttl)
-    return {1, num(t)}
+    return t
   end
   flag = 'q'
 end
-if ARGV[3] ~= '1' then return {0, -1, 0, ''} end
+if ARGV[3] ~= '1' then return '-1 ' end
 clock()
 local entry = num(now + ttl) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. hold
 local at
@@ -56,5 +56,5 @@ end
 if flag ~= 'q' then -- the holder's release must hand over now
   redis.call('SET', X, tok .. ' ' .. count .. ' q ' .. exp .. ' ' .. holder, 'PXAT', exp)
 end
-if at == 0 then return {0, tonumber(exp) - now, 1, entry} end
-return {0, -1, 0, entry}
+if at == 0 then return num(math.max(0, tonumber(exp) - now)) .. ' ' .. entry end
+return '-1 ' .. entry

@@ -5,7 +5,7 @@
 -- ARGV[1] hold id, ARGV[2] how long a free lock keeps its last token, in ms,
 -- ARGV[3] the hold's token ('' if unknown), ARGV[4] its queue entry as last
 -- answered ('' if none)
--- returns {1} released, {0} not the holder (its queue entry, if any, is gone)
+-- returns 1 released, 0 not the holder (its queue entry, if any, is gone)
 --
 -- With the token known, one SET ... GET both frees the lock and reads what it
 -- held; if that was not this hold, the old value is put back as it was (its
@@ -27,7 +27,7 @@ if holder == hold then
   elseif ARGV[3] ~= tok then
     redis.call('SET', X, tok, 'PX', keep)
   end
-  return {1}
+  return 1
 end
 if ARGV[3] ~= '' then -- put back what the SET replaced
   if not v then
@@ -47,4 +47,4 @@ if at then
     if not got and t then redis.call('SET', X, num(t), 'PX', keep) end
   end
 end
-return {0}
+return 0
