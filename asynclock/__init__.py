@@ -20,6 +20,15 @@ from ._values import LossReason as LossReason
 
 __version__ = "0.1.0"
 
+
+def _present_as_public() -> None:
+    """Public classes say they are ``asynclock.X`` (in reprs, tracebacks and docs), not the private module."""
+    for name in __all__:
+        value = globals()[name]
+        if isinstance(value, type) and value.__module__.startswith("asynclock._"):
+            value.__module__ = __name__
+
+
 __all__ = [
     "BackendUnavailable",
     "ConfigurationError",
@@ -40,3 +49,5 @@ __all__ = [
     "__version__",
     "connect",
 ]
+
+_present_as_public()

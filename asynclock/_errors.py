@@ -17,6 +17,8 @@ Bad arguments raise ``ValueError`` / ``TypeError`` before any I/O.
 
 from __future__ import annotations
 
+from ._values import LossReason
+
 
 class LockError(Exception):
     """Base class of every error asynclock raises on purpose."""
@@ -37,10 +39,12 @@ class LockLost(LockError):
     Raised from the ``async with`` block whose body was cancelled because of the loss.
     """
 
-    def __init__(self, name: str, reason: str) -> None:
+    def __init__(self, name: str, reason: str, loss: LossReason | None = None) -> None:
         super().__init__(f"lock {name!r} lost: {reason}")
         self.name = name
         self.reason = reason
+        #: why, in a word (None when not known)
+        self.loss = loss
 
 
 class NotHeld(LockError):

@@ -185,7 +185,7 @@ class Lock:
         if lease.lost:
             reason = lease.lost_reason or "lost"
             if swallowed or exc is None:
-                raise LockLost(self.name, reason) from exc
+                raise LockLost(self.name, reason, lease._loss or LossReason.RENEWAL_FAILED) from exc
             if exc is not None and not isinstance(exc, LockLost):
                 exc.add_note(f"asynclock: the lease on {self.name!r} was lost inside this block: {reason}")
             return False

@@ -9,8 +9,10 @@
 Records, per lock name (attribute ``lock.name``, leave it out with
 ``by_name=False`` if your names are unbounded):
 
-* ``asynclock.acquisitions``, ``asynclock.timeouts``, ``asynclock.losses``,
-  ``asynclock.releases`` (counters);
+* ``asynclock.acquisitions``, ``asynclock.timeouts``, ``asynclock.losses``
+  (with a ``reason`` attribute: a :class:`~asynclock.LossReason` value),
+  ``asynclock.releases`` and ``asynclock.abandoned`` (holds whose owner task
+  ended still holding them) (counters);
 * ``asynclock.wait.duration`` (seconds from calling acquire to holding, or
   to timing out) and ``asynclock.hold.duration`` (seconds from holding to
   release or loss) (histograms).
@@ -43,6 +45,9 @@ class OtelMetrics:
         self._releases = meter.create_counter("asynclock.releases", unit="1", description="locks released")
         self._timeouts = meter.create_counter("asynclock.timeouts", unit="1", description="acquires that timed out")
         self._losses = meter.create_counter("asynclock.losses", unit="1", description="leases lost while held")
+        self._abandoned = meter.create_counter(
+            "asynclock.abandoned", unit="1", description="holds released because their owner task ended holding them"
+        )
         self._wait = meter.create_histogram(
             "asynclock.wait.duration", unit="s", description="time from acquire() to holding or timing out"
         )
@@ -65,18 +70,10 @@ class OtelMetrics:
             if event.held_s is not None:
                 self._hold.record(event.held_s, attributes)
         elif event.kind == "lost":
-            self._losses.add(1, {**attributes, "reason": _reason_class(event.reason)})
+            self._losses.add(1, {**attributes, "reason": event.loss.value if event.loss else "other"})
             if event.held_s is not None:
                 self._hold.record(event.held_s, attributes)
-
-
-def _reason_class(reason: str | None) -> str:
-    """A low-cardinality label for a loss reason."""
-    text = (reason or "").lower()
-    if "no longer has" in text or "not the holder" in text:
-        return "taken_or_expired"
-    if "deadline" in text or "renew" in text:
-        return "renewal_failed"
-    if "session" in text or "connection" in text:
-        return "connection_lost"
-    return "other"
+        elif event.kind == "abandoned":
+            self._abandoned.add(1, attributes)
+            if event.held_s is not None:
+                self._hold.record(event.held_s, attributes)
