@@ -237,7 +237,7 @@ class Locks:
                 hub = WakeHub(backend if isinstance(backend, Notifies) else None, self._background, self._lose)
                 await backend.start(hub)
                 self._hub = hub
-                self._keeper = LeaseKeeper(backend, self._renewed)
+                self._keeper = LeaseKeeper(backend, self._renewed if self._on_event is not None else None)
             return self._keeper
 
     def _wait_ended(self, task: asyncio.Task[Any]) -> bool:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._timing import RETRY_FIRST, drift
 from ._values import LossReason
+from .abc import RenewItem
 
 if TYPE_CHECKING:
     import anyio
@@ -50,6 +51,7 @@ class Lease:
     __slots__ = (
         "_acquired_at",
         "_backoff",
+        "_cohort",
         "_expires_at",
         "_hold",
         "_key",
@@ -65,6 +67,7 @@ class Lease:
         "_ref",
         "_released",
         "_releaser",
+        "_renewal",
         "_scopes",
         "_ttl",
         "hold_count",
@@ -109,6 +112,9 @@ class Lease:
         self._ref = ref
         #: the lock it holds for re-entry: the plain lock's ref where that is this very lock on the server
         self._key = key
+        # the keeper's cohort this lease is renewed with, and what it asks the backend
+        self._cohort: Any = None
+        self._renewal: RenewItem | None = None
         # The task that owns the hold, while it is watched for ending still holding it.
         self._owner_task: asyncio.Task[Any] | None = None
         self._owner_done: Callable[[asyncio.Task[Any]], None] | None = None
@@ -183,8 +189,13 @@ class Lease:
         self._next_due = sent_at + self._ttl / 3
         self._backoff = RETRY_FIRST
         self._last_error = None
-        for scope in self._scopes:
-            scope.deadline = self._expires_at
+
+    def _renew_item(self) -> RenewItem:
+        """What the keeper asks the backend to renew (made once)."""
+        item = self._renewal
+        if item is None:
+            item = self._renewal = RenewItem(self._ref, self._hold, self._ttl)
+        return item
 
     def _check_deadline(self) -> bool:
         """Lose the lease if its trusted deadline has passed unnoticed; whether it is lost."""

@@ -159,10 +159,15 @@ class Lock:
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
-        scope = anyio.CancelScope(deadline=lease.expires_at)
+        # No deadline of its own: the keeper cancels it when the lease is lost,
+        # at its deadline at the latest (a loop timer, while a body runs under it).
+        scope = anyio.CancelScope()
         scope.__enter__()
         lease._scopes.append(scope)
         self._scopes.setdefault(lease.owner, []).append((lease, scope))
+        keeper = self._locks._keeper
+        if keeper is not None:
+            keeper.guard(lease)
         return lease
 
     async def __aexit__(
