@@ -182,7 +182,7 @@ async def _attempt(
     # release the hold by its identity, which is harmless if the try got
     # nothing, and retry under a new hold id.
     try:
-        async with asyncio.timeout_at(bound):
+        with locks._deadlines.bound(bound):
             result = await backend.try_acquire(lock._ref, hold, lock.ttl, enqueue=enqueue)
     except asyncio.CancelledError:
         await settle(

@@ -20,7 +20,7 @@ from ._lease import Lease
 from ._legacy import LegacyAdapter, LegacyBackend
 from ._owner import current_owner
 from ._release import release_by_identity
-from ._timing import REQUEST_WINDOW
+from ._timing import REQUEST_WINDOW, Deadlines
 from ._validate import check_name, check_ttl
 from ._values import EventKind, LockEvent, LossReason
 from ._wake import WakeHub
@@ -83,6 +83,7 @@ class Locks:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
+        self._deadlines = Deadlines()
 
     def __repr__(self) -> str:
         return f"<Locks {self._backend.kind} client={self.client_id}>"
@@ -321,7 +322,7 @@ class Locks:
                 scope.cancel()
         held_s = asyncio.get_running_loop().time() - lease._acquired_at
         try:
-            released = await release_by_identity(self._backend, lease, raise_errors=True)
+            released = await release_by_identity(self._backend, lease, raise_errors=True, deadlines=self._deadlines)
         except asyncio.CancelledError:
             # The caller is cancelled; the hold must still go. A release by the
             # hold's identity is idempotent, so repeating one that may have gone
