@@ -15,6 +15,7 @@ import pytest
 
 import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockLost
+from asynclock.abc import LockRef
 from asynclock.backends.etcd import EtcdBackend
 from tests.harness import eventually
 from tests.harness_etcd import EtcdHarness
@@ -123,9 +124,9 @@ async def test_a_lock_ttl_past_the_clients_lease_is_refused(harness: EtcdHarness
 
 def test_url_path_and_prefix_make_the_mutex_prefix() -> None:
     with_path = EtcdBackend.from_url("etcds://u:secret@a:1,b:2/app/locks", prefix="svc")
-    assert with_path.lock_key("x") == "/app/locks/svc/x"
-    assert EtcdBackend.from_url("etcd://a", prefix="/locks").lock_key("job 1") == "/locks/job 1"
-    assert EtcdBackend.from_url("etcd://a").lock_key("%/\n") == "asynclock/%25%2F%0A"
+    assert with_path.lock_key(LockRef("lock", "x")) == "/app/locks/svc/x"
+    assert EtcdBackend.from_url("etcd://a", prefix="/locks").lock_key(LockRef("fair", "job 1")) == "/locks/job 1"
+    assert EtcdBackend.from_url("etcd://a").lock_key(LockRef("lock", "%/\n")) == "asynclock/%25%2F%0A"
 
 
 def test_unknown_options_are_refused_before_any_io() -> None:
@@ -210,7 +211,7 @@ async def test_a_paused_server_cancels_the_body_before_etcd_could_expire_the_lea
                     cancelled_at.append(loop.time())
         # etcd renewed the lease when the last answered keep-alive arrived (after
         # it was sent), for the TTL it granted: the body ended before that
-        assert cancelled_at[0] <= etcd._confirmed_at + etcd._granted
+        assert cancelled_at[0] <= etcd.confirmed_at + etcd.granted
         assert cancelled_at[0] <= lease.expires_at + 0.05
         assert cancelled_at[0] - paused_at <= TTL + 0.1
         etcd_fresh.resume()
@@ -230,6 +231,58 @@ async def test_a_cancelled_acquire_leaves_no_key(harness: EtcdHarness) -> None:
             await task
         keys = [kv.key.decode() for kv in await admin.keys(lock.key + "/")]
         assert keys == [f"{lock.key}/{backend(holder).lease_id:x}"]
+
+
+async def test_a_lease_not_confirmed_within_the_lease_time_is_gone_and_a_new_one_serves(harness: EtcdHarness) -> None:
+    """The watchdog's renewals are the lease's keep-alives while the client holds a
+    lock. With the watchdog stopped, the lease's confirmation grows older than the
+    lease time: the next acquire finds that lease gone, the hold under it is lost
+    (by the backend, saying why), the stale lease is revoked with its keys, and the
+    new hold is granted under a new lease, with that lease's confirmation (a grant
+    proven by the dead lease's would be refused by the front)."""
+    locks = harness.connect(ttl=TTL)
+    loop = asyncio.get_running_loop()
+    first_lock = locks.lock("first")
+    first = await first_lock.acquire()
+    old = backend(locks).lease_id
+    assert locks._keeper is not None
+    await locks._keeper.aclose()
+    await asyncio.sleep(max(0.0, first.expires_at - loop.time()) + scaled(0.05))
+    second_lock = locks.lock("second")
+    second = await second_lock.acquire(timeout=scaled(2))
+    assert "etcd lease was lost" in (first.lost_reason or "")
+    new = backend(locks).lease_id
+    assert new not in (0, old)
+    assert second.expires_at > loop.time() + TTL / 2
+    admin = await harness.admin()
+    (key,) = await admin.keys(second_lock.key + "/")
+    assert key.key.decode() == f"{second_lock.key}/{new:x}" and key.lease == new
+    async with asyncio.timeout(scaled(5)):
+        while (await admin.client.time_to_live(old, 5.0)).ttl > 0 or await admin.keys(first_lock.key + "/"):
+            await asyncio.sleep(0.01)
+
+
+async def test_a_lock_with_a_shorter_ttl_than_the_client_is_granted_with_a_young_enough_confirmation(
+    harness: EtcdHarness,
+) -> None:
+    """The lease is kept alive every third of the client's ttl while nothing is held,
+    so its confirmation can be older than a shorter lock's whole lease time: such a
+    grant is confirmed again first instead of being refused as arriving too late."""
+    client_ttl = scaled(3.0)
+    locks = harness.connect(ttl=client_ttl)
+    lock = locks.lock("short", ttl=client_ttl / 6)
+    loop = asyncio.get_running_loop()
+    etcd = backend(locks)
+    await locks.lock("warm-up").acquire()
+    await locks.lock("warm-up").release()
+    seen = etcd.confirmed_at
+    async with asyncio.timeout(scaled(5)):
+        while etcd.confirmed_at == seen:  # the next idle keep-alive: the one after it is a third of the ttl away
+            await asyncio.sleep(0.005)
+    await asyncio.sleep(client_ttl / 6 + scaled(0.1))
+    assert loop.time() - etcd.confirmed_at > lock.ttl
+    async with lock as lease:
+        assert lease.expires_at > loop.time() + lock.ttl / 3
 
 
 async def test_aclose_revokes_the_lease_and_with_it_every_key(harness: EtcdHarness) -> None:
@@ -309,7 +362,7 @@ async def test_the_whole_cluster_down_cancels_bodies_before_the_lease_ttl(etcd_c
         down_at = loop.time()
         await asyncio.wait_for(asyncio.gather(*tasks), scaled(5))
         assert len(ended) == 2
-        assert max(ended) <= etcd._confirmed_at + etcd._granted
+        assert max(ended) <= etcd.confirmed_at + etcd.granted
         assert max(ended) - down_at <= TTL + 0.1
 
 

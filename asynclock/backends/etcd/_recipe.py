@@ -58,7 +58,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._wire import ASCEND, DESCEND, SORT_CREATE, Compare, KeyValue, Op, RangeResult, prefix_end
+from ._replies import KeyValue, RangeResult
+from ._wire import ASCEND, DESCEND, SORT_CREATE, Compare, Op, prefix_end
 
 __all__ = ["Contender", "Layout", "escape_name", "unescape_name"]
 
