@@ -128,6 +128,8 @@ class EtcdBackend:
         self._queue = Queue(self._client, self._session)
         #: every acquisition this client has a key (or a turn) for, by hold id
         self._nodes: dict[str, Node] = {}
+        #: the nodes that hold now (the watchdog keeps the lease alive while there are any)
+        self._held: set[Node] = set()
         self._serial = 0
         self._hooks: BackendHooks | None = None
 
@@ -278,7 +280,7 @@ class EtcdBackend:
             await queue.let_go(mutex)
         held, node.held = node.held, False
         node.releasing = True
-        self._session.wake()  # it may have been the last hold: the lease needs keep-alives again
+        self._let_go_of(node)
         if not node.has_key or queue.closed:
             # no key, or its lease is gone (and every key of it)
             queue.pass_turn(node)
@@ -403,19 +405,31 @@ class EtcdBackend:
     def _forget(self, node: Node) -> None:
         if self._nodes.get(node.hold) is node:
             del self._nodes[node.hold]
+        self._let_go_of(node)
+
+    def _let_go_of(self, node: Node) -> None:
+        """``node`` holds no more; after the last hold the lease needs the backend's keep-alives again."""
+        if node in self._held:
+            self._held.discard(node)
+            if not self._held:
+                self._session.holds_ended()
 
     def _acquired(self, node: Node) -> Acquired:
         """Held: the token is the key's create revision, the proof the confirmation of its lease."""
         assert node.lease is not None
+        self._held.add(node)
         return Acquired(node.revision, confirmed_at=node.lease.confirmed_at)
 
     def _holding(self) -> bool:
-        return any(node.held and node.alive and not node.releasing for node in self._nodes.values())
+        return bool(self._held)
 
     def _lease_gone(self, lease: Lease, reason: str, expired: bool) -> None:
         """The lease ``lease`` is gone: every hold under it is lost, waiters queue again."""
         self._queue.lease_gone()
-        lost = [node.hold for node in self._nodes.values() if node.lease is lease and node.held]
+        gone = [node for node in self._held if node.lease is lease]
+        for node in gone:
+            self._held.discard(node)
+        lost = [node.hold for node in gone]
         if lost and self._hooks is not None:
             loss = LossReason.TAKEN_OR_EXPIRED if expired else LossReason.RENEWAL_FAILED
             self._hooks.lose(lost, f"the etcd lease was lost: {reason}", loss)

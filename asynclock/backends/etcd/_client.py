@@ -26,6 +26,7 @@ Errors: gRPC's are translated here; nothing of grpc leaks out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ import grpc
 import grpc.aio
 
 from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._timing import Backoff
 from . import _replies, _wire
 from ._channel import Endpoint, TlsOptions
 from ._watch import Watch, Watches
@@ -243,7 +245,7 @@ class EtcdClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         last: BaseException | None = None
-        delay = 0.02
+        backoff = Backoff()
         while True:
             endpoint = self._endpoints[self._index]
             left = deadline - loop.time()
@@ -267,8 +269,7 @@ class EtcdClient:
             left = deadline - loop.time()
             if left <= 0:
                 break
-            await asyncio.sleep(min(delay, left))
-            delay = min(delay * 2, 0.25)
+            await asyncio.sleep(min(backoff.next(), left))
         raise EtcdUnavailable(f"no etcd member of {self.addresses} answered within {timeout:g}s: {last}") from last
 
     async def range(self, request: bytes, timeout: float) -> _replies.RangeResult:
@@ -285,16 +286,10 @@ class EtcdClient:
         request = _wire.txn_request(compares, success, failure)
         return _replies.TxnResult.parse(await self.call(_KV + "Txn", request, timeout))
 
-    def send_txn(
-        self,
-        compares: Sequence[_wire.Compare],
-        success: Sequence[_wire.Op],
-        failure: Sequence[_wire.Op] = (),
-        *,
-        timeout: float,
-    ) -> Sent:
-        """A transaction that goes on if its caller stops waiting; ``TxnResult.parse`` its answer."""
-        return self.send(_KV + "Txn", _wire.txn_request(compares, success, failure), timeout)
+    def send_txn(self, request: bytes, *, timeout: float) -> Sent:
+        """A transaction (a ``txn_request``) that goes on if its caller stops waiting;
+        ``TxnResult.parse`` its answer."""
+        return self.send(_KV + "Txn", request, timeout)
 
     async def delete(self, key: bytes, timeout: float, range_end: bytes = b"") -> _replies.RangeResult:
         """Delete ``key`` (or the range); ``count`` of the answer is how many keys went."""
@@ -397,7 +392,7 @@ class Sent:
     runs the call, and a done callback tells us it ended.
     """
 
-    __slots__ = ("_done", "call", "client", "endpoint", "path", "request", "timeout")
+    __slots__ = ("_ended", "call", "client", "endpoint", "path", "request", "timeout")
 
     def __init__(self, client: EtcdClient, endpoint: Endpoint, call: Any, path: str, request: bytes, timeout: float):
         self.client = client
@@ -406,24 +401,34 @@ class Sent:
         self.path = path
         self.request = request
         self.timeout = timeout
-        self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ended: asyncio.Future[None] | None = None
         call.add_done_callback(self._finished)
 
     def _finished(self, call: Any) -> None:
-        if not self._done.done():
-            self._done.set_result(None)
+        ended = self._ended
+        if ended is not None and not ended.done():
+            ended.set_result(None)
 
     def done(self) -> bool:
-        return self._done.done()
+        return bool(self.call.done())
+
+    async def _until_done(self) -> None:
+        """Wait for the request to end; cancelling the caller ends this wait, not the request."""
+        if self.call.done():
+            return
+        if self._ended is None or self._ended.done():
+            self._ended = asyncio.get_running_loop().create_future()
+        await self._ended
 
     async def wait(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds for the request to end (without cancelling it); whether it did."""
-        if not self._done.done():
-            await asyncio.wait((self._done,), timeout=timeout)
-        return self._done.done()
+        if not self.call.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._until_done()
+        return self.done()
 
     async def answer(self) -> bytes:
         """Its answer; raises our errors. A cancelled caller leaves the request running."""
-        if not self._done.done():
-            await asyncio.shield(self._done)
+        await self._until_done()
         return await self.client._answer(self)

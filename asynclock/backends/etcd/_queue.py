@@ -244,7 +244,7 @@ class Queue:
         if node.lease is not lease or node.contender is None:
             node.lease, node.revision, node.contender = lease, 0, node.make(lease.id)
         contender = node.contender
-        sent = node.creating = self._client.send_txn(*contender.create(lease.id), timeout=window)
+        sent = node.creating = self._client.send_txn(contender.create, timeout=window)
         node.uncertain = True
         try:
             created = TxnResult.parse(await sent.answer())

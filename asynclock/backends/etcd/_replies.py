@@ -47,17 +47,32 @@ def _signed(value: int) -> int:
 
 
 def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
-    """(field number, value) for each field: an int for varints, bytes for length-delimited."""
+    """(field number, value) for each field: an int for varints, bytes for length-delimited.
+
+    (One-byte tags and values, the common case, are read inline: this runs on every answer.)
+    """
     offset = 0
     end = len(data)
     while offset < end:
-        tag, offset = _read_varint(data, offset)
+        tag = data[offset]
+        if tag < 0x80:
+            offset += 1
+        else:
+            tag, offset = _read_varint(data, offset)
         number, kind = tag >> 3, tag & 7
         if kind == VARINT:
-            value, offset = _read_varint(data, offset)
+            if offset < end and data[offset] < 0x80:
+                value = data[offset]
+                offset += 1
+            else:
+                value, offset = _read_varint(data, offset)
             yield number, value
         elif kind == LEN:
-            size, offset = _read_varint(data, offset)
+            if offset < end and data[offset] < 0x80:
+                size = data[offset]
+                offset += 1
+            else:
+                size, offset = _read_varint(data, offset)
             if offset + size > end:
                 raise ValueError("truncated field")
             yield number, data[offset : offset + size]
@@ -122,13 +137,15 @@ class RangeResult:
     count: int = 0
 
     @classmethod
-    def parse(cls, data: bytes) -> RangeResult:
+    def parse(cls, data: bytes, *, header_too: bool = True) -> RangeResult:
+        """(Inside a transaction its header is not read: the transaction's own is the one that counts.)"""
         header = _NO_HEADER
         kvs: list[KeyValue] = []
         count = 0
         for number, value in _fields(data):
             if number == 1 and isinstance(value, bytes):
-                header = Header.parse(value)
+                if header_too:
+                    header = Header.parse(value)
             elif number == 2 and isinstance(value, bytes):
                 kvs.append(KeyValue.parse(value))
             elif number == 4 and isinstance(value, int):
@@ -161,11 +178,11 @@ class TxnResult:
                     if not isinstance(body, bytes):
                         continue
                     if kind == 1:
-                        responses.append((1, RangeResult.parse(body)))
+                        responses.append((1, RangeResult.parse(body, header_too=False)))
                     elif kind == 3:
                         responses.append((3, parse_delete(body)))
                     else:
-                        responses.append((kind, RangeResult(_header_of(body))))
+                        responses.append((kind, RangeResult(_NO_HEADER)))
         return cls(header, succeeded, responses)
 
     def range(self, index: int) -> RangeResult:
@@ -176,23 +193,14 @@ class TxnResult:
         return result
 
 
-def _header_of(data: bytes) -> Header:
-    for number, value in _fields(data):
-        if number == 1 and isinstance(value, bytes):
-            return Header.parse(value)
-    return _NO_HEADER
-
-
 def parse_delete(data: bytes) -> RangeResult:
-    """``DeleteRangeResponse`` (header 1, deleted 2) as a RangeResult whose count is ``deleted``."""
-    header = _NO_HEADER
+    """``DeleteRangeResponse`` (header 1, deleted 2) as a RangeResult whose count is ``deleted``
+    (its header is not read: nothing uses it)."""
     deleted = 0
     for number, value in _fields(data):
-        if number == 1 and isinstance(value, bytes):
-            header = Header.parse(value)
-        elif number == 2 and isinstance(value, int):
+        if number == 2 and isinstance(value, int):
             deleted = _signed(value)
-    return RangeResult(header, [], deleted)
+    return RangeResult(_NO_HEADER, [], deleted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,8 @@ class Session:
         self._grant_lock: asyncio.Lock | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
+        #: the keeper sleeps while the watchdog keeps the lease alive: a release of the last hold wakes it
+        self._behind_watchdog = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
 
@@ -104,9 +106,14 @@ class Session:
             self._keeper = asyncio.get_running_loop().create_task(self._keep(), name="asynclock-etcd-lease")
 
     def wake(self) -> None:
-        """Something changed that the keeper waits on (a hold ended, a lease went)."""
+        """Something changed that the keeper waits on (a lease came or went)."""
         if self._wake is not None:
             self._wake.set()
+
+    def holds_ended(self) -> None:
+        """The client holds nothing any more: the keeper takes the keep-alives back."""
+        if self._behind_watchdog:
+            self.wake()
 
     # -- the lease ------------------------------------------------------------------------
 
@@ -243,12 +250,17 @@ class Session:
             # loses its holds at their deadlines if they fail; a request that finds the
             # lease stale declares it gone (usable()). Look again once it must be gone,
             # should nothing ask.
-            due = stale_at + lease_time if self._holding() else max(lease.confirmed_at + lease_time / 3, retry_at)
+            holding = self._holding()
+            due = stale_at + lease_time if holding else max(lease.confirmed_at + lease_time / 3, retry_at)
             if now < due:
                 wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout_at(due):
-                        await wake.wait()
+                self._behind_watchdog = holding
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout_at(due):
+                            await wake.wait()
+                finally:
+                    self._behind_watchdog = False
                 continue
             if now >= stale_at:
                 continue  # declared gone by usable() at the top
@@ -278,7 +290,7 @@ class Session:
         if lease is not None:
             lease.gone = True
             with contextlib.suppress(LockError, OSError):
-                await self._client.revoke(lease.id, min(1.0, self.granted / 2))
+                await self._client.revoke(lease.id, self.window())
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self.window())
         for task in list(self._tasks):
