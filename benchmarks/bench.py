@@ -1,6 +1,6 @@
 """Run the scenarios, check the targets, write the table, the JSON and the chart.
 
-``python -m benchmarks [--quick] [--backends memory,redis,zookeeper,postgres]
+``python -m benchmarks [--quick] [--backends memory,redis,zookeeper,postgres,etcd]
 [--no-peers] [--scenarios uncontended,contended,herd,watchdog] [--out DIR]``
 """
 
@@ -28,7 +28,7 @@ from .servers import Servers, server_counter, started
 from .subjects import BY_KEY, PEERS, SUBJECTS, Subject, async_client, thread_client
 from .workload import Counter, contention_metrics, install_redis_counter, percentile, run_contended
 
-BACKENDS = ["memory", "redis", "zookeeper", "postgres"]
+BACKENDS = ["memory", "redis", "zookeeper", "postgres", "etcd"]
 SCENARIOS = ["uncontended", "contended", "herd", "watchdog"]
 
 
@@ -84,7 +84,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     libs: dict[str, str | None] = {}
-    for dist in ("asynclock", "redis", "python-redis-lock", "pottery", "aiozk", "kazoo", "asyncpg"):
+    for dist in ("asynclock", "redis", "python-redis-lock", "pottery", "aiozk", "kazoo", "asyncpg", "grpcio"):
         try:
             libs[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -195,9 +195,9 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
             await _loop(handle, plan.warmup, threads)
             counter = server_counter(servers, subject.backend)
             before = counter[0]() if counter else None
-            trips_before = Counter.value
+            trips_before = _round_trips(_client)
             samples[key] += await _loop(handle, per_round, threads)
-            trips[key] += Counter.value - trips_before
+            trips[key] += _round_trips(_client) - trips_before
             if counter:
                 after = counter[1]()
                 if isinstance(after, dict):
@@ -227,12 +227,20 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
             row["round_trips_per_acq"] = trips[key] / count
         elif subject.backend == "zookeeper":
             row["requests_per_acq"] = commands[key]["requests"] / count
+        elif subject.backend == "etcd":
+            row["round_trips_per_acq"] = trips[key] / count
         out[key] = row
     for key, row in out.items():
         subject = BY_KEY[key]
         floor = next((s.key for s in SUBJECTS if s.floor and s.backend == subject.backend and s.key in out), None)
         row["ratio_to_floor"] = row["median_us"] / out[floor]["median_us"] if floor else None
     return out
+
+
+def _round_trips(client: Any) -> int:
+    """Requests sent so far: counted by the subject (etcd), else by the Redis counter."""
+    own = client.round_trips() if hasattr(client, "round_trips") else None
+    return Counter.value if own is None else int(own)
 
 
 async def _loop(handle: Any, count: int, threads: bool) -> list[float]:
@@ -366,7 +374,7 @@ async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skippe
         if subject.backend == "postgres":
             skipped["watchdog:asynclock-postgres"] = "not run: every PostgreSQL lease is its own server connection"
             continue
-        sizes = plan.watchdog if subject.backend != "zookeeper" else plan.watchdog[:1]
+        sizes = plan.watchdog if subject.backend not in ("zookeeper", "etcd") else plan.watchdog[:1]
         for size in sizes:
             log(f"watchdog: {subject.key}, {size} leases, ttl {plan.watchdog_ttl}s")
             key = f"{subject.key}:{size}"
@@ -408,7 +416,8 @@ async def _watchdog_one(asynclock: Any, subject: Subject, servers: Servers, size
             # let the renewals of the acquisition phase settle into their rhythm
             await asyncio.sleep(1.5 * period)
             renewals = keeper.round_trips
-            wire = Counter.value
+            etcd_client = getattr(locks.backend, "client", None) if subject.backend == "etcd" else None
+            wire = Counter.value if etcd_client is None else etcd_client.requests
             server_before = counter[0]() if counter else None
             cpu, wall = time.process_time(), time.monotonic()
             await asyncio.sleep(plan.watchdog_periods * period)
@@ -429,6 +438,8 @@ async def _watchdog_one(asynclock: Any, subject: Subject, servers: Servers, size
                 row["server_commands_per_period"] = sum(stats.values()) / periods
             elif subject.backend == "zookeeper" and counter:
                 row["server_requests_per_period"] = (counter[1]() - server_before) / periods
+            elif etcd_client is not None:
+                row["round_trips_per_period"] = (etcd_client.requests - wire) / periods
         finally:
             go_release.set()
             await asyncio.wait(tasks, timeout=300)

@@ -74,7 +74,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         1.0,
         unit="x",
     )
-    for key in ("asynclock-memory", "asynclock-redis", "asynclock-zookeeper", "asynclock-postgres"):
+    for key in ("asynclock-memory", "asynclock-redis", "asynclock-zookeeper", "asynclock-postgres", "asynclock-etcd"):
         if key in con:
             check(f"{_label(key)}: smallest worker share / mean", get(con, key, "share_min"), 0.5, at_least=True)
     for key in ("asynclock-redis", "asynclock-zookeeper"):
@@ -90,6 +90,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         unit="x",
     )
     check("PostgreSQL acquire+release / raw floor", get(unc, "asynclock-postgres", "ratio_to_floor"), 1.2, unit="x")
+    check("etcd acquire+release / raw floor", get(unc, "asynclock-etcd", "ratio_to_floor"), 1.2, unit="x")
     check(
         "Redis: round trips per renewal period, 10,000 leases",
         get(wd, "asynclock-redis:10000", "round_trips_per_period"),
