@@ -18,7 +18,7 @@ from asynclock import BackendUnavailable, ConfigurationError, LockLost
 from asynclock.abc import LockRef
 from asynclock.backends.etcd import EtcdBackend
 from tests.harness import eventually
-from tests.harness_etcd import EtcdHarness
+from tests.harness_etcd import AdminClient, EtcdHarness
 from tests.servers import free_port, scaled
 from tests.servers.etcd import EtcdCluster, EtcdServer, TlsFiles, etcdctl, etcdctl_binary
 
@@ -231,6 +231,39 @@ async def test_a_cancelled_acquire_leaves_no_key(harness: EtcdHarness) -> None:
             await task
         keys = [kv.key.decode() for kv in await admin.keys(lock.key + "/")]
         assert keys == [f"{lock.key}/{backend(holder).lease_id:x}"]
+
+
+async def test_a_create_sent_before_its_acquire_was_cancelled_leaves_no_key(etcd_fresh: EtcdServer) -> None:
+    """An acquire cancelled while etcd has its create but has not answered (paused):
+    the create may still be applied once etcd runs again, after the cancellation.
+    Its key must not stay behind (it would block the lock for as long as the
+    client's lease lives): the clean-up waits for the create's outcome, then deletes."""
+    ttl = scaled(3.0)
+    async with (
+        asynclock.connect(etcd_fresh.url, ttl=ttl, prefix="late") as locks,
+        asynclock.connect(etcd_fresh.url, ttl=ttl, prefix="late") as other,
+    ):
+        lock = locks.lock("late")
+        admin = AdminClient(etcd_fresh.hostport)
+        try:
+            etcd_fresh.pause()
+            sent = backend(locks).client.requests
+            task = asyncio.create_task(lock.acquire())
+            async with asyncio.timeout(scaled(5)):
+                while backend(locks).client.requests == sent:  # the create is on its way
+                    await asyncio.sleep(0.001)
+            await asyncio.sleep(scaled(0.05))
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            etcd_fresh.resume()
+            theirs = await other.lock("late").acquire(timeout=scaled(10))
+            keys = [kv.key.decode() for kv in await admin.keys(lock.key + "/")]
+            assert keys == [f"{lock.key}/{backend(other).lease_id:x}"]
+            await theirs.release()
+        finally:
+            etcd_fresh.resume()
+            await admin.close()
 
 
 async def test_a_lease_not_confirmed_within_the_lease_time_is_gone_and_a_new_one_serves(harness: EtcdHarness) -> None:
