@@ -279,7 +279,6 @@ class EtcdBackend:
         if mutex is not None:  # a semaphore's waiter: the next one's turn at the mutex
             await queue.let_go(mutex)
         held, node.held = node.held, False
-        node.releasing = True
         self._let_go_of(node)
         if not node.has_key or queue.closed:
             # no key, or its lease is gone (and every key of it)
@@ -292,8 +291,7 @@ class EtcdBackend:
         try:
             answer = await self._client.delete(node.contender.key, self._session.window())
         except BaseException:
-            node.delete_sent = True
-            queue.finish_later(node)
+            queue.finish_later(node)  # (a retry of this release finds nothing: the front counts it done)
             raise
         queue.pass_turn(node)
         return held and answer.count > 0

@@ -71,8 +71,6 @@ class Node:
     revision: int = 0
     count: int = 1
     held: bool = False
-    releasing: bool = False
-    delete_sent: bool = False
     #: the local turn this node has, or waits for
     slot: Slot | None = None
     turn: asyncio.Future[None] | None = None
