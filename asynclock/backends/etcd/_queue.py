@@ -220,9 +220,13 @@ class Queue:
                 return False
             assert blocker is not None
             key, range_end = blocker
-            watch = await client.watch(key, check.header.revision + 1, window, range_end)
+            # A watch from now on: etcd reports its events at once. (One from a past
+            # revision would be served by etcd's catch-up pass, every 100 ms.)
+            watch = await client.watch(key, 0, window, range_end)
             self._waits.add(watch)
             try:
+                if not await self._covers(watch, check.header.revision, node, blocker, window):
+                    continue  # what blocks it changed meanwhile: look again
                 left = None if until is None else until - loop.time()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(left):
@@ -233,6 +237,27 @@ class Queue:
                     client.unwatch(watch)
             if watch.reason == "cancelled":
                 return False  # ``until`` passed
+
+    async def _covers(self, watch: Watch, seen: int, node: Node, blocker: tuple[bytes, bytes], window: float) -> bool:
+        """Whether ``watch`` will report the deletion ``node`` waits for.
+
+        The check that found ``blocker`` read etcd at revision ``seen``; the watch
+        reports what happens after the revision etcd confirmed it at. If something
+        was written in between, the blocker is read again: still blocking, its
+        deletion comes later, so the watch sees it; gone or changed, look again.
+        """
+        try:
+            async with asyncio.timeout(window):
+                await watch.confirmed.wait()
+        except TimeoutError:
+            raise EtcdUnavailable(f"etcd at {self._client.current} did not confirm a watch in time") from None
+        if watch.fired.is_set() or watch.revision <= seen:
+            return True
+        contender = node.contender
+        assert contender is not None
+        again = await self._client.range(contender.blocker(node.revision).body, window)
+        holds, blocking = contender.decide(again)
+        return not holds and blocking == blocker
 
     async def _create(self, node: Node, window: float) -> bool | None:
         """Put ``node``'s key under the current lease unless it exists; whether it holds

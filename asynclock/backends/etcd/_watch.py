@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 
+from ..._timing import REQUEST_WINDOW
 from . import _replies, _wire
 
 if TYPE_CHECKING:
@@ -31,22 +32,23 @@ __all__ = ["Watch", "Watches"]
 logger = logging.getLogger("asynclock")
 
 _WATCH = "/etcdserverpb.Watch/Watch"
-#: How long a cancel request of a watch may take (best effort: a watch left on the server costs it little).
-_CANCEL_WITHIN = 0.5
 
 
 class Watch:
     """One watch of a key (or a range): ``fired`` is set once, with ``reason``
-    ``"deleted"`` or ``"lost"``."""
+    ``"deleted"``, ``"lost"`` or ``"cancelled"``. ``confirmed`` is set when etcd
+    confirmed it (``revision``: it reports what happens after that revision)
+    or when it fired."""
 
-    __slots__ = ("created", "fired", "key", "range_end", "reason", "start_revision", "watch_id")
+    __slots__ = ("confirmed", "fired", "key", "range_end", "reason", "revision", "start_revision", "watch_id")
 
     def __init__(self, key: bytes, range_end: bytes, start_revision: int) -> None:
         self.key = key
         self.range_end = range_end
         self.start_revision = start_revision
         self.watch_id: int | None = None
-        self.created = False
+        self.revision = 0
+        self.confirmed = asyncio.Event()
         self.fired = asyncio.Event()
         self.reason = ""
 
@@ -54,6 +56,7 @@ class Watch:
         if not self.fired.is_set():
             self.reason = reason
             self.fired.set()
+            self.confirmed.set()
 
 
 class Watches:
@@ -71,7 +74,8 @@ class Watches:
 
     async def watch(self, key: bytes, start_revision: int, timeout: float, range_end: bytes = b"") -> Watch:
         """Watch ``key`` (or the range up to ``range_end``) for deletions from
-        ``start_revision`` on; returns once the request is written (etcd confirms it on the stream)."""
+        ``start_revision`` on (0: from now); returns once the request is written
+        (etcd confirms it on the stream: ``Watch.confirmed``)."""
         client = self._client
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -140,7 +144,8 @@ class Watches:
                 watch.fire("lost")
                 return
             watch.watch_id = result.watch_id
-            watch.created = True
+            watch.revision = result.header.revision
+            watch.confirmed.set()
             if watch.fired.is_set():
                 # unwatched before etcd confirmed it: cancel it on the server
                 self._cancel_later(result.watch_id)
@@ -165,7 +170,7 @@ class Watches:
 
         async def cancel() -> None:
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(_CANCEL_WITHIN):
+                async with asyncio.timeout(REQUEST_WINDOW):  # best effort: a watch left on etcd costs it little
                     await call.write(_wire.watch_cancel_request(watch_id))
 
         task = asyncio.get_running_loop().create_task(cancel(), name="asynclock-etcd-unwatch")
