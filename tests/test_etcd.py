@@ -10,6 +10,7 @@ import os
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -231,6 +232,33 @@ async def test_a_cancelled_acquire_leaves_no_key(harness: EtcdHarness) -> None:
             await task
         keys = [kv.key.decode() for kv in await admin.keys(lock.key + "/")]
         assert keys == [f"{lock.key}/{backend(holder).lease_id:x}"]
+
+
+async def test_a_holder_gone_between_the_waiters_check_and_its_watch_still_lets_the_waiter_in(
+    harness: EtcdHarness,
+) -> None:
+    """A waiter reads what blocks it, then watches that key for its deletion,
+    from the revision etcd confirms the watch at (so that etcd reports it at
+    once). A deletion that lands between the read and the watch is not among
+    the events the watch reports: the waiter must notice it by reading again,
+    not wait for an event that never comes."""
+    holder, waiter = harness.connect(ttl=scaled(3.0)), harness.connect(ttl=scaled(3.0))
+    await holder.lock("gap").acquire()
+    admin = await harness.admin()
+    client = backend(waiter).client
+    watch = client.watch
+    deleted: list[bool] = []
+
+    async def holder_gone_first(key: bytes, start_revision: int, timeout: float, range_end: bytes = b"") -> Any:
+        if not deleted:  # the holder's key goes after the waiter's read, before its watch
+            deleted.append(await admin.delete(key))
+        return await watch(key, start_revision, timeout, range_end)
+
+    client.watch = holder_gone_first  # type: ignore[method-assign]
+    lease = await waiter.lock("gap").acquire(timeout=scaled(5))
+    assert deleted == [True]
+    assert lease.token is not None
+    await lease.release()
 
 
 async def test_a_create_sent_before_its_acquire_was_cancelled_leaves_no_key(etcd_fresh: EtcdServer) -> None:
