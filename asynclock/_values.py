@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
-EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned"]
+EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned", "at_risk"]
 
 
 class LossReason(enum.StrEnum):
@@ -55,7 +55,8 @@ class LockEvent:
     """One thing that happened to a lock of this client, passed to ``on_event``.
 
     ``wait_s`` is set for ``acquired`` and ``timeout``, ``held_s`` for
-    ``released``, ``lost`` and ``abandoned``; ``reason`` (text) and ``loss``
+    ``released``, ``lost`` and ``abandoned``; ``reason`` (text) for ``lost``
+    and ``at_risk`` (a renewal failed, the lease is not lost yet), and ``loss``
     (a :class:`LossReason`) for ``lost``.
     """
 

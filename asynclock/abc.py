@@ -171,6 +171,10 @@ class BackendHooks(Protocol):
     def lose(self, holds: Sequence[str] | None, reason: str, loss: LossReason = LossReason.CONNECTION_LOST) -> None:
         """These holds (None: every hold of this client) are lost, now."""
 
+    def at_risk(self, holds: Sequence[str] | None, reason: str) -> None:
+        """These holds (None: every hold of this client) may be lost soon (a session disconnected):
+        the client tells their holders, who may checkpoint."""
+
 
 class Backend(Protocol):
     """The requests every backend answers."""
