@@ -8,8 +8,10 @@ from aiozk import protocol
 from aiozk.protocol.acl import ACL, ID
 
 from asynclock._legacy import Shape
-from asynclock.backends._zk_session import NO_NODE, ZkError, ZkSession
-from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders, _rw_holders, _sequence
+from asynclock.backends.zookeeper import ZooKeeperBackend
+from asynclock.backends.zookeeper._recipe import contenders_of, rw_holders, sequence
+from asynclock.backends.zookeeper._session import ZkSession
+from asynclock.backends.zookeeper._wire import NO_NODE, ZkError
 from tests.harness import Harness
 from tests.servers.zookeeper import ZooKeeperServer
 
@@ -89,7 +91,7 @@ class AdminClient:
 
     async def contenders(self, path: str) -> list[str]:
         """Full paths of the lock contenders under ``path``, holder first."""
-        return [f"{path}/{child}" for child in _contenders(await self.children(path))]
+        return [f"{path}/{child}" for child in contenders_of(await self.children(path))]
 
     async def close(self) -> None:
         await self.session.close(1.0)
@@ -136,7 +138,7 @@ class ZooKeeperHarness(Harness):
         if kind == "semaphore":
             holders = await admin.contenders(f"{key}/leases")  # every lease: any permit count
         else:
-            holders = [f"{key}/{child}" for child in _rw_holders(_contenders(await admin.children(key)))]
+            holders = [f"{key}/{child}" for child in rw_holders(contenders_of(await admin.children(key)))]
         deleted = [await admin.delete(path) for path in holders]
         return any(deleted)
 
@@ -147,7 +149,7 @@ class ZooKeeperHarness(Harness):
         async def walk(path: str) -> list[str]:
             found = []
             for child in await admin.children(path):
-                if _sequence(child) is not None:
+                if sequence(child) is not None:
                     found.append(f"{path}/{child}")
                 else:
                     found += await walk(f"{path}/{child}")

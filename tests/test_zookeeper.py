@@ -30,7 +30,9 @@ from hypothesis import strategies as st
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.backends._zk_session import (
+from asynclock.backends.zookeeper import ZooKeeperBackend, escape_name, parse_url
+from asynclock.backends.zookeeper._recipe import Node, contenders_of
+from asynclock.backends.zookeeper._wire import (
     EPHEMERAL,
     SEQUENTIAL,
     ZStat,
@@ -42,7 +44,6 @@ from asynclock.backends._zk_session import (
     delete_request,
     exists_request,
 )
-from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders, _Node, escape_name, parse_url
 from tests.harness import eventually
 from tests.harness_zookeeper import ZooKeeperHarness
 from tests.servers import scaled
@@ -267,7 +268,7 @@ def test_hand_serialised_requests_and_replies_match_aiozk(path: str) -> None:
 
 def test_contenders_sort_numerically_not_by_name() -> None:
     children = ["b__lock__0000000010", "_c_x-lock-0000000002", "readme", "a-lock-0000000011", "c__lock__0000000001"]
-    assert _contenders(children) == [
+    assert contenders_of(children) == [
         "c__lock__0000000001",
         "_c_x-lock-0000000002",
         "b__lock__0000000010",
@@ -409,7 +410,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
     key = backend.lock_key("lost-create")
     await backend._ensure_parents(key)
     # the create went through, its answer never came: one node, ours
-    node = _Node("lost-create", "h-1", key, str(uuid.uuid4()))
+    node = Node("lost-create", "h-1", key, str(uuid.uuid4()))
     reply = await session.call(
         protocol.Create2Request(
             path=f"{key}/_c_{node.guid}-lock-",
@@ -423,7 +424,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
     assert node.path == reply.path and node.czxid == reply.stat.created_zxid
     assert await admin.contenders(key) == [reply.path]
     # a node with our GUID owned by another session is not adopted (and is removed)
-    other = _Node("lost-create", "h-2", key, str(uuid.uuid4()))
+    other = Node("lost-create", "h-2", key, str(uuid.uuid4()))
     stray = await admin.session.call(
         protocol.Create2Request(
             path=f"{key}/_c_{other.guid}-lock-",

@@ -28,7 +28,8 @@ import pytest
 import asynclock
 from asynclock import LockTimeout
 from asynclock.abc import LockRef
-from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders
+from asynclock.backends.zookeeper import ZooKeeperBackend
+from asynclock.backends.zookeeper._recipe import contenders_of
 from tests.harness_zookeeper import ZooKeeperHarness
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
@@ -537,4 +538,4 @@ async def test_curator_semaphore_v2_and_ours_share_the_permits(
             assert not lease.lost
             await waiting.release()
         await taking.release()
-    assert _contenders(await (await zk.admin()).children(f"{sem.key}/leases")) == []
+    assert contenders_of(await (await zk.admin()).children(f"{sem.key}/leases")) == []

@@ -62,26 +62,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote
 
 try:
     from aiozk import protocol
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
-from .._errors import ConfigurationError, LockError
-from .._legacy import LOCK, Shape
-from .._legacy import LegacyBackend as Backend
-from .._legacy import legacy_unsupported as unsupported
-from .._options import DEFAULT_CONNECT_TIMEOUT, mask_url, reject_unknown, seconds
-from .._values import LockInfo
-from ..abc import Acquired, BackendHooks, Busy, RenewItem
-from ._zk_session import (
+from ..._errors import ConfigurationError, LockError
+from ..._legacy import LOCK, Shape
+from ..._legacy import LegacyBackend as Backend
+from ..._legacy import legacy_unsupported as unsupported
+from ..._options import DEFAULT_CONNECT_TIMEOUT, reject_unknown, seconds
+from ..._values import LockInfo
+from ...abc import Acquired, BackendHooks, Busy, RenewItem
+from ._layout import (
+    DEFAULT_TTL,
+    LEASE_BASE,
+    OPTIONS,
+    PROTECTED,
+    READ,
+    RESERVED,
+    RW_DIR,
+    SEM_DIR,
+    SEM_LEASES,
+    SEM_LOCKS,
+    WRITE,
+    credentials,
+    escape_name,
+    lease_time_of,
+    max_ttl,
+    parse_url,
+    permits_data,
+    permits_of,
+    ttl_refused,
+)
+from ._recipe import Node, Rule, Verify, contenders_of, first_holds, reader_holds, rw_holders
+from ._session import WatchCallback, ZkSession
+from ._wire import (
     CONTAINER,
     CREATOR_ACL,
     EPHEMERAL,
@@ -89,203 +110,17 @@ from ._zk_session import (
     NODE_EXISTS,
     OPEN_ACL,
     SEQUENTIAL,
-    WatchCallback,
     ZkConnectionLoss,
     ZkError,
-    ZkSession,
     children_request,
     create_request,
     delete_request,
     exists_request,
 )
 
-__all__ = ["ZooKeeperBackend", "escape_name"]
+__all__ = ["ZooKeeperBackend", "credentials", "escape_name", "max_ttl", "parse_url"]
 
 logger = logging.getLogger("asynclock")
-
-#: Default ZooKeeper client port.
-DEFAULT_PORT = 2181
-#: What makes a child a contender: a 10-digit sequence number at the end.
-_SEQUENCE = re.compile(r"(\d{10})$")
-#: Our contender names: ``_c_<guid>-lock-`` plus the server's sequence number.
-_PROTECTED = "_c_"
-_LOCK_BASE = "-lock-"
-#: Curator's read-write lock: node names ``_c_<guid>-__READ__<seq>`` / ``…-__WRIT__<seq>``.
-_READ = "__READ__"
-_WRITE = "__WRIT__"
-#: Curator's InterProcessSemaphoreV2: ``<path>/locks`` (a mutex) and ``<path>/leases/_c_<guid>-lease-<seq>``.
-_SEM_LOCKS = "locks"
-_SEM_LEASES = "leases"
-_LEASE_BASE = "-lease-"
-#: Directories under the prefix for the read-write locks and the semaphores. A
-#: ``%`` followed by letters that are no hex digits is never made by
-#: :func:`escape_name`, so no lock name can be one of them.
-_RW_DIR = "%rw"
-_SEM_DIR = "%semaphore"
-_RESERVED = (_RW_DIR, _SEM_DIR)
-
-#: Given the contenders (in order) and our node's name: do we hold, and which node to watch.
-Rule = Callable[[list[str], str], tuple[bool, str | None]]
-#: Given the contenders (in order) and our new node's name: raise if the queue refuses us.
-Verify = Callable[[list[str], str], Awaitable[None]]
-
-#: Options of a ``zk://`` URL (``ttl``, ``prefix`` and ``connect_timeout`` are
-#: read by ``connect()``, the rest here).
-OPTIONS = frozenset({"ttl", "prefix", "connect_timeout", "session_timeout"})
-#: Default ttl and session timeout, in seconds.
-DEFAULT_TTL = 30.0
-#: What a semaphore's lease node holds: the permits its client asked for.
-#: Curator's InterProcessSemaphoreV2 ignores lease data (its own nodes hold
-#: the client's address), so the two still share the permits.
-_PERMITS_DATA = b"asynclock permits="
-
-
-def max_ttl(session_timeout: float) -> float:
-    """The ttl a ZooKeeper lock must stay under, for a session timeout (seconds).
-
-    The lease is the session: the watchdog renews it every ttl/3, which must
-    come well within the lease time (three quarters of it), so about twice
-    the session timeout.
-    """
-    return 2.25 * _lease_time(session_timeout)
-
-
-def _lease_time(session_timeout: float) -> float:
-    """The lease a session of ``session_timeout`` gives: 10 % (+5 ms) less."""
-    return session_timeout - (session_timeout * 0.1 + 0.005)
-
-
-def _ttl_refused(ttl: float, session_timeout: float) -> str:
-    return (
-        f"a ZooKeeper lock's ttl ({ttl:g} s) must stay under {max_ttl(session_timeout):.3g} s with a session"
-        f" timeout of {session_timeout:g} s: the lease is the session, and the watchdog renews it every ttl/3;"
-        " leave the ttl out (it follows the session), pass a smaller ttl or a longer session_timeout"
-    )
-
-
-def _unsafe(char: str) -> bool:
-    code = ord(char)
-    return (
-        char in "%/"
-        or code < 0x20
-        or 0x7F <= code <= 0x9F
-        # ZooKeeper rejects these UTF-16 units, which includes every surrogate
-        # (so every character outside the BMP) and the private use area
-        or 0xD800 <= code <= 0xF8FF
-        or code >= 0xFFF0
-    )
-
-
-def escape_name(name: str) -> str:
-    """A valid znode name for ``name``, distinct for distinct names.
-
-    Percent-encodes (the UTF-8 bytes of) ``%``, ``/``, control characters and
-    every character ZooKeeper rejects, and the names ``.`` and ``..``.
-    Percent-decoding gives the name back, so two names never share a node.
-    """
-    if name in (".", ".."):
-        return name.replace(".", "%2E")
-    return "".join("".join(f"%{byte:02X}" for byte in c.encode()) if _unsafe(c) else c for c in name)
-
-
-def _sequence(child: str) -> int | None:
-    match = _SEQUENCE.search(child)
-    return int(match.group(1)) if match else None
-
-
-def _contenders(children: Sequence[str]) -> list[str]:
-    """The children that take part in the lock, in the order they hold it."""
-    found = [(seq, child) for child in children if (seq := _sequence(child)) is not None]
-    found.sort()
-    return [child for _, child in found]
-
-
-def _first_holds(contenders: list[str], mine: str) -> tuple[bool, str | None]:
-    """A mutex (and a writer): the lowest holds; a waiter watches the node just ahead."""
-    index = contenders.index(mine)
-    return index == 0, None if index == 0 else contenders[index - 1]
-
-
-def _reader_holds(contenders: list[str], mine: str) -> tuple[bool, str | None]:
-    """A reader holds when no writer is ahead of it, and watches the nearest writer ahead."""
-    writers = [child for child in contenders[: contenders.index(mine)] if _WRITE in child]
-    return not writers, writers[-1] if writers else None
-
-
-def _rw_holders(contenders: list[str]) -> list[str]:
-    """Who holds a read-write lock: the first node if a writer, else the readers before the first writer."""
-    holders: list[str] = []
-    for child in contenders:
-        if _WRITE in child:
-            return holders or [child]
-        holders.append(child)
-    return holders
-
-
-@dataclass(eq=False)
-class _Node:
-    """One acquisition: its contender node and what we know about it."""
-
-    name: str
-    hold: str
-    dir: str
-    guid: str
-    #: what follows the GUID in the node's name (the server appends the sequence)
-    base: str = _LOCK_BASE
-    path: str | None = None
-    czxid: int | None = None
-    session: int = 0
-    count: int = 1
-    held: bool = False
-    gone: bool = False
-    releasing: bool = False
-    delete_sent: bool = False
-    #: a create was sent whose answer never came: the node may exist
-    uncertain: bool = False
-    #: what the node holds (a semaphore's lease: its permits)
-    data: bytes = b""
-    create_future: asyncio.Future[Any] | None = None
-    #: connection on which the deletion watch of a held node is set
-    armed: int = -1
-    #: the background deletion of a release that could not finish
-    finisher: asyncio.Task[None] | None = None
-
-
-def parse_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, str]]:
-    """``zk://h1:p1,h2:p2/chroot?opt=v`` → hosts, chroot (``""`` or ``/a/b``), options."""
-    parts = urlsplit(url)
-    if parts.scheme != "zk":
-        raise ValueError(f"not a zk:// URL: {mask_url(url)!r}")
-    url = mask_url(url)  # (for the messages below)
-    hosts = []
-    for item in parts.netloc.rpartition("@")[2].split(","):
-        host, sep, port = item.strip().rpartition(":")
-        if not sep:
-            host, port = port, str(DEFAULT_PORT)
-        host = host.strip("[]")
-        if not host:
-            raise ValueError(f"empty host in {url!r}")
-        try:
-            hosts.append((host, int(port)))
-        except ValueError:
-            raise ValueError(f"bad port {port!r} in {url!r}") from None
-    chroot = unquote(parts.path).rstrip("/")
-    for segment in chroot.split("/")[1:]:
-        if not segment or segment in (".", "..") or any(_unsafe(c) and c != "%" for c in segment):
-            raise ValueError(f"bad chroot {chroot!r} in {url!r}")
-    return hosts, chroot, dict(parse_qsl(parts.query, keep_blank_values=True))
-
-
-def credentials(url: str) -> tuple[str, bytes] | None:
-    """The ``digest`` credentials of ``zk://user:password@hosts/…`` as ZooKeeper takes them, or None."""
-    netloc = urlsplit(url).netloc
-    if "@" not in netloc:
-        return None
-    userinfo = netloc.rpartition("@")[0]
-    user, colon, password = userinfo.partition(":")
-    if not user or not colon:
-        raise ValueError("ZooKeeper digest credentials go in the URL as zk://user:password@host/…")
-    return "digest", f"{unquote(user)}:{unquote(password)}".encode()
 
 
 class ZooKeeperBackend:
@@ -318,7 +153,7 @@ class ZooKeeperBackend:
     ) -> None:
         self._ttl = session_timeout if ttl is None else ttl
         if self._ttl >= max_ttl(session_timeout):
-            raise ValueError(_ttl_refused(self._ttl, session_timeout))
+            raise ValueError(ttl_refused(self._ttl, session_timeout))
         self._chroot = chroot
         self._chroot_checked = not chroot
         self._base = f"{chroot}/{escape_name(prefix)}"
@@ -332,7 +167,7 @@ class ZooKeeperBackend:
             auth=() if auth is None else [auth],
         )
         self._connect_timeout = DEFAULT_CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
-        self._nodes: dict[str, _Node] = {}
+        self._nodes: dict[str, Node] = {}
         self._hooks: BackendHooks | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -381,7 +216,7 @@ class ZooKeeperBackend:
     def check_ttl(self, ttl: float) -> None:
         """ValueError if a lock's ``ttl`` is too long for the session (the negotiated one once connected)."""
         if ttl >= max_ttl(self._session.timeout):
-            raise ValueError(_ttl_refused(ttl, self._session.timeout))
+            raise ValueError(ttl_refused(ttl, self._session.timeout))
 
     @property
     def session(self) -> ZkSession:
@@ -402,7 +237,7 @@ class ZooKeeperBackend:
 
     def lease_time(self, ttl: float) -> float:
         """The negotiated session timeout less a 10 % (+5 ms) margin, whatever the ttl."""
-        return _lease_time(self._session.timeout)
+        return lease_time_of(self._session.timeout)
 
     async def start(self, hooks: BackendHooks) -> None:
         """Connect; check the negotiated session against the ttl, and that the chroot exists.
@@ -419,7 +254,7 @@ class ZooKeeperBackend:
             raise ConfigurationError(
                 f"ZooKeeper at {session.address} gave a session timeout of {session.timeout:g} s for the"
                 f" {session.requested_timeout:g} s asked (its minSessionTimeout/maxSessionTimeout): "
-                + _ttl_refused(self._ttl, session.timeout)
+                + ttl_refused(self._ttl, session.timeout)
             )
         if not self._chroot_checked:
             try:
@@ -440,8 +275,8 @@ class ZooKeeperBackend:
         raise NotImplementedError("ZooKeeper queues waiters: the front calls wait_acquire")
 
     async def wait_acquire(self, name: str, hold: str, ttl: float, timeout: float | None) -> Acquired | None:
-        node = _Node(name, hold, self.lock_key(name), str(uuid.uuid4()))
-        return await self._acquire(node, ttl, timeout, _first_holds)
+        node = Node(name, hold, self.lock_key(name), str(uuid.uuid4()))
+        return await self._acquire(node, ttl, timeout, first_holds)
 
     def _check_ttl(self, ttl: float) -> None:
         # (lock() checks a lock's ttl already; the negotiated session may be shorter than asked)
@@ -449,11 +284,11 @@ class ZooKeeperBackend:
 
     async def _acquire(
         self,
-        node: _Node,
+        node: Node,
         ttl: float,
         timeout: float | None,
         rule: Rule,
-        mutex: _Node | None = None,
+        mutex: Node | None = None,
         verify: Verify | None = None,
     ) -> Acquired | None:
         """Queue ``node`` (its hold's node) until ``rule`` says it holds, or give up and delete it.
@@ -473,7 +308,7 @@ class ZooKeeperBackend:
                 # the deadline bounds every step, a create or a read included
                 # (timeout=0 still makes its one try: create, read, delete)
                 async with asyncio.timeout_at(None if once else deadline):
-                    if mutex is not None and await self._queue(mutex, deadline, once=once, rule=_first_holds) is None:
+                    if mutex is not None and await self._queue(mutex, deadline, once=once, rule=first_holds) is None:
                         result = None
                     else:
                         result = await self._queue(
@@ -545,12 +380,12 @@ class ZooKeeperBackend:
         self._forget(node)
         return node.held
 
-    def _finish_later(self, node: _Node) -> None:
+    def _finish_later(self, node: Node) -> None:
         """Keep deleting a released node in the background until done or its session ends."""
         if node.finisher is None or node.finisher.done():
             node.finisher = self._spawn(self._finish_release(node))
 
-    async def _finish_release(self, node: _Node) -> None:
+    async def _finish_release(self, node: Node) -> None:
         await self._cleanup(node)
         self._forget(node)
 
@@ -619,7 +454,7 @@ class ZooKeeperBackend:
                 if exc.code == NO_NODE:
                     continue  # released meanwhile
                 raise
-            theirs = _permits_of(reply.data)
+            theirs = permits_of(reply.data)
             if theirs is None:
                 continue
             if theirs != permits:
@@ -637,7 +472,7 @@ class ZooKeeperBackend:
             if exc.code != NO_NODE:
                 raise
             return []
-        return _contenders(reply.children)
+        return contenders_of(reply.children)
 
     async def _describe(
         self,
@@ -693,7 +528,7 @@ class ZooKeeperBackend:
             if exc.code == NO_NODE:
                 return []
             raise
-        return sorted(unquote(child, errors="strict") for child in reply.children if child not in _RESERVED)
+        return sorted(unquote(child, errors="strict") for child in reply.children if child not in RESERVED)
 
     async def aclose(self) -> None:
         """Close the session (the server deletes our nodes at once), bounded in time."""
@@ -712,14 +547,14 @@ class ZooKeeperBackend:
         """How long a single operation waits for a connection before failing."""
         return max(0.05, self._session.timeout / 3)
 
-    def _alive(self, node: _Node) -> bool:
+    def _alive(self, node: Node) -> bool:
         return not node.gone and (node.session == 0 or node.session == self._session.session_id)
 
     def _keepalive(self) -> bool:
         # While we hold a lock the watchdog's renewals are the heartbeat.
         return not any(node.held and not node.releasing and not node.gone for node in self._nodes.values())
 
-    def _forget(self, node: _Node) -> None:
+    def _forget(self, node: Node) -> None:
         if self._nodes.get(node.hold) is node:
             del self._nodes[node.hold]
 
@@ -739,7 +574,7 @@ class ZooKeeperBackend:
 
     async def _queue(
         self,
-        node: _Node,
+        node: Node,
         deadline: float | None,
         *,
         once: bool,
@@ -791,7 +626,7 @@ class ZooKeeperBackend:
                         raise
                     node.path = None
                     continue
-                contenders = _contenders(reply.children)
+                contenders = contenders_of(reply.children)
                 mine = node.path.rsplit("/", 1)[1]
                 if mine not in contenders:
                     node.path = None  # deleted under us (expired session, administrator): queue again
@@ -855,7 +690,7 @@ class ZooKeeperBackend:
         return self._session.submit(request, path, watch=None if watch is None else ("child", watch))
 
     async def _create(
-        self, node: _Node, deadline: float | None, watch: WatchCallback | None = None
+        self, node: Node, deadline: float | None, watch: WatchCallback | None = None
     ) -> asyncio.Future[Any] | None:
         """Create our contender node, once, even across connection losses.
 
@@ -864,7 +699,7 @@ class ZooKeeperBackend:
         found after a lost create answer.
         """
         session = self._session
-        base = f"{node.dir}/{_PROTECTED}{node.guid}{node.base}"
+        base = f"{node.dir}/{PROTECTED}{node.guid}{node.base}"
         missing_parents = 0
         while True:
             await self._wait_connected(deadline)
@@ -904,7 +739,7 @@ class ZooKeeperBackend:
             node.czxid = int(reply.stat.created_zxid)
             return listing
 
-    async def _adopt(self, node: _Node) -> bool:
+    async def _adopt(self, node: Node) -> bool:
         """After a lost create answer: find our node by its GUID; keep it if this session owns it."""
         session = self._session
         try:
@@ -914,7 +749,7 @@ class ZooKeeperBackend:
                 raise
             node.uncertain = False
             return False
-        ours = [child for child in _contenders(reply.children) if node.guid in child]
+        ours = [child for child in contenders_of(reply.children) if node.guid in child]
         adopted = False
         for child in ours:
             path = f"{node.dir}/{child}"
@@ -953,7 +788,7 @@ class ZooKeeperBackend:
         with contextlib.suppress(LockError):
             await self._session.call(delete_request(path), path)
 
-    async def _abandon(self, *nodes: _Node | None) -> None:
+    async def _abandon(self, *nodes: Node | None) -> None:
         """Leave the queue: delete our nodes, waiting a bounded time (then it goes on in the background)."""
         tasks = []
         for node in nodes:
@@ -967,7 +802,7 @@ class ZooKeeperBackend:
             async with asyncio.timeout(self._session.timeout):
                 await asyncio.shield(asyncio.gather(*tasks))
 
-    async def _cleanup(self, node: _Node) -> None:
+    async def _cleanup(self, node: Node) -> None:
         """Delete ``node`` (by path, or by GUID if its create is unsettled); retried until done or moot."""
         session = self._session
         delay = 0.02
@@ -1007,14 +842,14 @@ class ZooKeeperBackend:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    def _arm(self, node: _Node) -> None:
+    def _arm(self, node: Node) -> None:
         """Watch a held node: its deletion loses the lease at once."""
         if node.path is None or node.armed == self._session.connection_seq:
             return
         node.armed = self._session.connection_seq
         self._spawn(self._watch_held(node))
 
-    def _held_watch(self, node: _Node) -> WatchCallback:
+    def _held_watch(self, node: Node) -> WatchCallback:
         """The callback of a held node's deletion watch."""
 
         def fired(what: str) -> None:
@@ -1024,7 +859,7 @@ class ZooKeeperBackend:
 
         return fired
 
-    async def _watch_held(self, node: _Node) -> None:
+    async def _watch_held(self, node: Node) -> None:
         session = self._session
         if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.path is None:
             return
@@ -1038,7 +873,7 @@ class ZooKeeperBackend:
             if exc.code == NO_NODE:
                 self._node_gone(node, "the lock node was deleted (removed on the server, or the session ended)")
 
-    def _node_gone(self, node: _Node, reason: str) -> None:
+    def _node_gone(self, node: Node, reason: str) -> None:
         if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.gone:
             return
         node.gone = True
@@ -1105,7 +940,7 @@ class _ZkPrimitive:
         kind = self._shape.kind
         if kind == "fair":
             return backend.lock_key(name)
-        family = _RW_DIR if kind in ("read", "write") else _SEM_DIR
+        family = RW_DIR if kind in ("read", "write") else SEM_DIR
         return f"{backend._base}/{family}/{escape_name(name)}"
 
     def lease_time(self, ttl: float) -> float:
@@ -1128,23 +963,23 @@ class _ZkPrimitive:
         path = self.lock_key(name)
         guid = str(uuid.uuid4())
         if kind == "fair":
-            return await backend._acquire(_Node(name, hold, path, guid), ttl, timeout, _first_holds)
+            return await backend._acquire(Node(name, hold, path, guid), ttl, timeout, first_holds)
         if kind == "write":
-            return await backend._acquire(_Node(name, hold, path, guid, base=f"-{_WRITE}"), ttl, timeout, _first_holds)
+            return await backend._acquire(Node(name, hold, path, guid, base=f"-{WRITE}"), ttl, timeout, first_holds)
         if kind == "read":
-            return await backend._acquire(_Node(name, hold, path, guid, base=f"-{_READ}"), ttl, timeout, _reader_holds)
+            return await backend._acquire(Node(name, hold, path, guid, base=f"-{READ}"), ttl, timeout, reader_holds)
         permits = self._shape.permits
 
         def first_permits(contenders: list[str], mine: str) -> tuple[bool, str | None]:
             return contenders.index(mine) < permits, None
 
-        leases = f"{path}/{_SEM_LEASES}"
-        lease = _Node(name, hold, leases, guid, base=_LEASE_BASE, data=_PERMITS_DATA + str(permits).encode())
+        leases = f"{path}/{SEM_LEASES}"
+        lease = Node(name, hold, leases, guid, base=LEASE_BASE, data=permits_data(permits))
 
         async def same_permits(contenders: list[str], mine: str) -> None:
             await backend._check_permits(name, leases, [child for child in contenders if child != mine], permits)
 
-        mutex = _Node(name, hold, f"{path}/{_SEM_LOCKS}", str(uuid.uuid4()))
+        mutex = Node(name, hold, f"{path}/{SEM_LOCKS}", str(uuid.uuid4()))
         return await backend._acquire(lease, ttl, timeout, first_permits, mutex, verify=same_permits)
 
     async def set_count(self, name: str, hold: str, count: int, ttl: float) -> bool:
@@ -1169,25 +1004,15 @@ class _ZkPrimitive:
         if kind == "fair":
             return await backend._describe(name, key)
         if kind in ("read", "write"):
-            return await backend._describe(name, key, pick=_rw_holders)
+            return await backend._describe(name, key, pick=rw_holders)
         permits = self._shape.permits
         return await backend._describe(
             name,
             key,
-            nodes=f"{key}/{_SEM_LEASES}",
+            nodes=f"{key}/{SEM_LEASES}",
             pick=lambda contenders: contenders[:permits],
-            queue=f"{key}/{_SEM_LOCKS}",
+            queue=f"{key}/{SEM_LOCKS}",
         )
 
     async def aclose(self) -> None:
         """Nothing of its own: the backend closes the session."""
-
-
-def _permits_of(data: bytes | None) -> int | None:
-    """The permits a lease node of asynclock records, or None (Curator's, or none)."""
-    if not data or not data.startswith(_PERMITS_DATA):
-        return None
-    try:
-        return int(data[len(_PERMITS_DATA) :])
-    except ValueError:
-        return None

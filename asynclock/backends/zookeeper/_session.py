@@ -54,60 +54,33 @@ import socket
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 try:
-    from aiozk import exc as zk_exc
     from aiozk import protocol
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
-from .._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._errors import LockError
+from ._wire import (
+    AUTH_XID,
+    FRAME_SIZE,
+    PARSERS,
+    PING_XID,
+    REPLY_HEADER,
+    SESSION_EXPIRED,
+    SESSION_MOVED,
+    STATE_EXPIRED,
+    WATCH_XID,
+    ZkConnectionLoss,
+    error_for,
+)
 
-__all__ = [
-    "CREATOR_ACL",
-    "NODE_EXISTS",
-    "OPEN_ACL",
-    "NO_NODE",
-    "Request",
-    "Stat",
-    "ZStat",
-    "children_request",
-    "create_request",
-    "delete_request",
-    "exists_request",
-    "WatchCallback",
-    "ZkConnectionLoss",
-    "ZkError",
-    "ZkRefused",
-    "ZkSession",
-]
+__all__ = ["WatchCallback", "ZkSession"]
 
 logger = logging.getLogger("asynclock")
 
-_SIZE = struct.Struct("!i")
-_REPLY = struct.Struct("!iqi")
-_WATCH_XID = -1
-_PING_XID = -2
-_AUTH_XID = -4
-
-# ZooKeeper error codes used by the recipe
-NO_NODE = -101
-NODE_EXISTS = -110
-NOT_EMPTY = -111
-SESSION_EXPIRED = -112
-SESSION_MOVED = -118
-#: Refusals no retry fixes: the ACL does not let this client in, or its
-#: authentication failed.
-NO_AUTH = -102
-AUTH_FAILED = -115
-_REFUSALS = {NO_AUTH: "the ACL refuses this client", AUTH_FAILED: "authentication failed"}
-
-_EVENT_CREATED, _EVENT_DELETED, _EVENT_CHANGED, _EVENT_CHILDREN = 1, 2, 3, 4
-_STATE_EXPIRED = -112
-
-#: Flags of a create request.
-EPHEMERAL, SEQUENTIAL, CONTAINER = 1, 2, 4
+_EVENT_DELETED, _EVENT_CHILDREN = 2, 4
 
 #: Largest reply accepted (ZooKeeper's own jute.maxbuffer default is 1 MiB).
 _MAX_FRAME = 64 * 1024 * 1024
@@ -118,183 +91,6 @@ _MAX_ROUND_PAUSE = 0.5
 #: ``"event"`` (any other change) or ``"disconnected"`` (the watch is gone
 #: with its connection: read again after the reconnect).
 WatchCallback = Callable[[str], None]
-
-
-class ZkError(LockError):
-    """ZooKeeper answered a request with an error ``code`` (e.g. NoNode, -101)."""
-
-    def __init__(self, code: int, path: str = "") -> None:
-        kind = zk_exc.response_error_xref.get(code)
-        self.code = code
-        self.label = kind.__name__ if kind is not None else f"error {code}"
-        super().__init__(f"ZooKeeper: {self.label}" + (f" ({path})" if path else ""))
-
-
-class ZkRefused(ZkError, ConfigurationError):
-    """ZooKeeper refused a request for this client's credentials or the node's ACL (NoAuth, AuthFailed).
-
-    No retry fixes it; the message names the server and the path, never a password.
-    """
-
-    def __init__(self, code: int, path: str = "", host: str = "") -> None:
-        super().__init__(code, path)
-        what = _REFUSALS.get(code, "refused")
-        where = f" {path}" if path else ""
-        self.args = (
-            f"ZooKeeper at {host or '?'} refused{where}: {self.label} ({what}; check the credentials,"
-            " zk://user:password@host/chroot, and the ACL of the chroot)",
-        )
-
-
-def _error(code: int, path: str, host: str) -> ZkError:
-    """The exception for an error reply ``code`` to a request on ``path`` from ``host``."""
-    return ZkRefused(code, path, host) if code in _REFUSALS else ZkError(code, path)
-
-
-class ZkConnectionLoss(BackendUnavailable):
-    """The connection dropped (or the session expired) before the answer came: outcome unknown."""
-
-
-@dataclass(frozen=True, slots=True)
-class Stat:
-    """The parts of a znode's stat the recipe uses."""
-
-    czxid: int
-    ephemeral_owner: int
-
-    @classmethod
-    def of(cls, raw: Any) -> Stat:
-        return cls(int(raw.created_zxid), int(raw.ephemeral_owner))
-
-
-# -- the hot path's wire format, by hand ---------------------------------------------
-#
-# aiozk's generic (de)serialisation costs tens of microseconds per request; a
-# lock takes three. The requests the recipe sends all the time (create,
-# getChildren, delete, exists) and their replies are (de)serialised here with
-# ``struct``, in jute's format: big-endian ints, a string or buffer as its
-# length and its bytes, a vector as its length and its items.
-
-_INT = struct.Struct("!i")
-_HEADER = struct.Struct("!ii")
-_STAT = struct.Struct("!qqqqiiiqiiq")
-_OPCODE_CREATE2, _OPCODE_CONTAINER = 15, 19
-_OPCODE_DELETE, _OPCODE_EXISTS, _OPCODE_CHILDREN = 2, 3, 8
-
-
-def _ustring(value: str) -> bytes:
-    data = value.encode()
-    return _INT.pack(len(data)) + data
-
-
-#: one ACL: every permission (31) for world:anyone
-OPEN_ACL = _INT.pack(1) + _INT.pack(31) + _ustring("world") + _ustring("anyone")
-#: one ACL: every permission for the identities the creating connection
-#: authenticated as (ZooKeeper's ``auth`` scheme; refused without credentials)
-CREATOR_ACL = _INT.pack(1) + _INT.pack(31) + _ustring("auth") + _ustring("")
-
-
-class Request:
-    """A request whose body is serialised already; ``serialize(xid)`` adds the header."""
-
-    __slots__ = ("body", "opcode")
-
-    def __init__(self, opcode: int, body: bytes) -> None:
-        self.opcode = opcode
-        self.body = body
-
-    def serialize(self, xid: int) -> bytes:
-        return _HEADER.pack(xid, self.opcode) + self.body
-
-
-def create_request(
-    path: str, flags: int, *, container: bool = False, data: bytes = b"", acl: bytes = OPEN_ACL
-) -> Request:
-    """Create2 (or createContainer) of a node holding ``data``; the reply carries the stat.
-
-    ``acl`` is a serialised ACL vector: :data:`OPEN_ACL` (default) or :data:`CREATOR_ACL`.
-    """
-    body = _ustring(path) + _INT.pack(len(data)) + data + acl + _INT.pack(flags)
-    return Request(_OPCODE_CONTAINER if container else _OPCODE_CREATE2, body)
-
-
-def children_request(path: str, watch: bool = False) -> Request:
-    return Request(_OPCODE_CHILDREN, _ustring(path) + (b"\x01" if watch else b"\x00"))
-
-
-def delete_request(path: str, version: int = -1) -> Request:
-    return Request(_OPCODE_DELETE, _ustring(path) + _INT.pack(version))
-
-
-def exists_request(path: str, watch: bool = False) -> Request:
-    return Request(_OPCODE_EXISTS, _ustring(path) + (b"\x01" if watch else b"\x00"))
-
-
-class ZStat(NamedTuple):
-    """A znode's stat, with aiozk's field names."""
-
-    created_zxid: int
-    last_modified_zxid: int
-    created: int
-    modified: int
-    version: int
-    child_version: int
-    acl_version: int
-    ephemeral_owner: int
-    data_length: int
-    num_children: int
-    last_modified_children: int
-
-
-class Created(NamedTuple):
-    path: str
-    stat: ZStat
-
-
-class Children(NamedTuple):
-    children: list[str]
-
-
-class Exists(NamedTuple):
-    stat: ZStat
-
-
-def _read_string(body: bytes, offset: int) -> tuple[str, int]:
-    (size,) = _INT.unpack_from(body, offset)
-    offset += _INT.size
-    if size < 0:
-        return "", offset
-    end = offset + size
-    if end > len(body):
-        raise ValueError("string past the end of the reply")
-    return body[offset:end].decode(), end
-
-
-def _parse_created(body: bytes) -> Created:
-    path, offset = _read_string(body, 0)
-    return Created(path, ZStat._make(_STAT.unpack_from(body, offset)))
-
-
-def _parse_children(body: bytes) -> Children:
-    (count,) = _INT.unpack_from(body, 0)
-    offset = _INT.size
-    children = []
-    for _ in range(max(count, 0)):
-        child, offset = _read_string(body, offset)
-        children.append(child)
-    return Children(children)
-
-
-def _parse_exists(body: bytes) -> Exists:
-    return Exists(ZStat._make(_STAT.unpack_from(body, 0)))
-
-
-_PARSERS: dict[int, Callable[[bytes], Any]] = {
-    _OPCODE_CREATE2: _parse_created,
-    _OPCODE_CONTAINER: _parse_created,
-    _OPCODE_CHILDREN: _parse_children,
-    _OPCODE_EXISTS: _parse_exists,
-}
 
 
 @dataclass(eq=False)
@@ -486,7 +282,7 @@ class ZkSession:
         conn.pending[xid] = _Pending(future, now, int(request.opcode), path, watch)
         conn.last_send = now
         try:
-            conn.writer.write(_SIZE.pack(len(payload)) + payload)
+            conn.writer.write(FRAME_SIZE.pack(len(payload)) + payload)
         except (OSError, RuntimeError) as exc:
             self._drop(conn, f"write failed: {exc!r}")
         return future
@@ -520,9 +316,9 @@ class ZkSession:
         now = asyncio.get_running_loop().time()
         conn.pings.append((now, future))
         conn.last_send = now
-        payload = protocol.PingRequest().serialize(_PING_XID)
+        payload = protocol.PingRequest().serialize(PING_XID)
         try:
-            conn.writer.write(_SIZE.pack(len(payload)) + payload)
+            conn.writer.write(FRAME_SIZE.pack(len(payload)) + payload)
         except (OSError, RuntimeError) as exc:
             self._drop(conn, f"write failed: {exc!r}")
 
@@ -621,8 +417,8 @@ class ZkSession:
                 )
                 payload = request.serialize()
                 sent = loop.time()
-                writer.write(_SIZE.pack(len(payload)) + payload)
-                (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
+                writer.write(FRAME_SIZE.pack(len(payload)) + payload)
+                (size,) = FRAME_SIZE.unpack(await reader.readexactly(FRAME_SIZE.size))
                 # a closed connection here is a refusal (the server is not
                 # serving, or is behind our last zxid), never an expiry
                 answer = protocol.ConnectResponse.deserialize(await reader.readexactly(size))
@@ -649,8 +445,8 @@ class ZkSession:
         for scheme, credentials in self._auth:
             # Answered in order, before any request of ours: the server
             # applies the credentials to everything sent after them.
-            auth = protocol.AuthRequest(type=0, scheme=scheme, auth=credentials).serialize(_AUTH_XID)
-            writer.write(_SIZE.pack(len(auth)) + auth)
+            auth = protocol.AuthRequest(type=0, scheme=scheme, auth=credentials).serialize(AUTH_XID)
+            writer.write(FRAME_SIZE.pack(len(auth)) + auth)
         self._conn_seq += 1
         now = loop.time()
         logger.debug("ZooKeeper session %#x on %s:%d, timeout %.3fs", self.session_id, host, port, self.timeout)
@@ -673,8 +469,8 @@ class ZkSession:
         reader = conn.reader
         while not conn.dead:
             try:
-                (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
-                if not _REPLY.size <= size <= _MAX_FRAME:
+                (size,) = FRAME_SIZE.unpack(await reader.readexactly(FRAME_SIZE.size))
+                if not REPLY_HEADER.size <= size <= _MAX_FRAME:
                     self._drop(conn, f"bad frame length {size} from {conn.host}")
                     return
                 frame = await reader.readexactly(size)
@@ -691,19 +487,19 @@ class ZkSession:
 
     def _dispatch(self, conn: _Conn, frame: bytes) -> None:
         """Handle one reply frame: an answer, a ping answer, or a watch event."""
-        xid, zxid, code = _REPLY.unpack_from(frame)
-        body = frame[_REPLY.size :]
+        xid, zxid, code = REPLY_HEADER.unpack_from(frame)
+        body = frame[REPLY_HEADER.size :]
         if zxid > 0:
             self.last_zxid = max(self.last_zxid, zxid)
-        if xid == _WATCH_XID:
+        if xid == WATCH_XID:
             self._on_event(protocol.WatchEvent.deserialize(body))
-        elif xid == _PING_XID:
+        elif xid == PING_XID:
             if conn.pings:
                 sent, future = conn.pings.popleft()
                 self.confirmed_at = max(self.confirmed_at, sent)
                 if future is not None and not future.done():
                     future.set_result(sent)
-        elif xid != _AUTH_XID:
+        elif xid != AUTH_XID:
             pending = conn.pending.pop(xid, None)
             if pending is None:
                 return
@@ -724,7 +520,7 @@ class ZkSession:
         future = pending.future
         if code:
             if not future.done():
-                future.set_exception(_error(code, pending.path, host))
+                future.set_exception(error_for(code, pending.path, host))
                 future.exception()  # retrieved: callers may have gone
             return
         if pending.watch is not None:
@@ -732,7 +528,7 @@ class ZkSession:
             self._watches.setdefault((kind, pending.path), []).append(callback)
         if future.done():
             return
-        parse = _PARSERS.get(pending.opcode)
+        parse = PARSERS.get(pending.opcode)
         try:
             if parse is not None:
                 reply = parse(body)
@@ -746,7 +542,7 @@ class ZkSession:
 
     def _on_event(self, event: Any) -> None:
         if event.type == -1:
-            if event.state == _STATE_EXPIRED:
+            if event.state == STATE_EXPIRED:
                 self._expire("the server sent a session expired event")
             return
         kinds: tuple[str, ...]
