@@ -7,7 +7,7 @@ from typing import Any
 from aiozk import protocol
 from aiozk.protocol.acl import ACL, ID
 
-from asynclock._legacy import Shape
+from asynclock.abc import LockRef
 from asynclock.backends.zookeeper import ZooKeeperBackend
 from asynclock.backends.zookeeper._recipe import contenders_of, rw_holders, sequence
 from asynclock.backends.zookeeper._session import ZkSession
@@ -116,7 +116,7 @@ class ZooKeeperHarness(Harness):
 
     @property
     def base(self) -> str:
-        return self._keys.lock_key("x").rsplit("/", 1)[0]
+        return self._keys.lock_key(LockRef("lock", "x")).rsplit("/", 1)[0]
 
     async def admin(self) -> AdminClient:
         if self._admin is None:
@@ -126,7 +126,7 @@ class ZooKeeperHarness(Harness):
     async def expire(self, name: str) -> bool:
         """Delete the holder's lock node server-side: how a ZooKeeper lock is lost."""
         admin = await self.admin()
-        holders = await admin.contenders(self._keys.lock_key(name))
+        holders = await admin.contenders(self._keys.lock_key(LockRef("lock", name)))
         return bool(holders) and await admin.delete(holders[0])
 
     async def expire_shape(self, kind: str, name: str) -> bool:
@@ -134,7 +134,7 @@ class ZooKeeperHarness(Harness):
         if kind in ("fair", "lock"):
             return await self.expire(name)
         admin = await self.admin()
-        key = self._keys.primitive(Shape(kind)).lock_key(name)  # type: ignore[arg-type]
+        key = self._keys.lock_key(LockRef(kind, name))  # type: ignore[arg-type]
         if kind == "semaphore":
             holders = await admin.contenders(f"{key}/leases")  # every lease: any permit count
         else:

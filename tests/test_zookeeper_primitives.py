@@ -100,14 +100,13 @@ async def count_nodes(zk: ZooKeeperHarness, path: str, count: int) -> list[str]:
 # -- layout ---------------------------------------------------------------------------
 
 
-async def test_fair_lock_is_the_plain_lock_on_the_same_path_with_its_own_adapter(zk: ZooKeeperHarness) -> None:
+async def test_fair_lock_is_the_plain_lock_on_the_same_path(zk: ZooKeeperHarness) -> None:
     locks, other = zk.connect(ttl=TTL), zk.connect(ttl=TTL)
     fair = locks.lock("same", fair=True)
     plain = locks.lock("same")
     assert fair.key == plain.key
     backend = backend_of(locks)
-    adapter = locks._backend._adapter(LockRef("fair", ""))
-    assert adapter is not backend and adapter.lock_key("same") == backend.lock_key("same")
+    assert backend.lock_key(LockRef("fair", "same")) == backend.lock_key(LockRef("lock", "same")) == plain.key
     lease = await fair.acquire()
     [node] = await (await zk.admin()).contenders(fair.key)
     assert re.fullmatch(GUID + r"-lock-\d{10}", node.rsplit("/", 1)[1])

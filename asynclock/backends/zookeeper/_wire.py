@@ -8,12 +8,14 @@ Errors are asynclock's own: :class:`ZkError` is a ``LockError``,
 
 from __future__ import annotations
 
+import contextlib
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 try:
     from aiozk import exc as zk_exc
+    from aiozk import protocol
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
@@ -36,6 +38,8 @@ __all__ = [
     "create_request",
     "delete_request",
     "exists_request",
+    "get_data_request",
+    "map_errors",
 ]
 
 
@@ -92,6 +96,22 @@ class ZkRefused(ZkError, ConfigurationError):
 def error_for(code: int, path: str, host: str) -> ZkError:
     """The exception for an error reply ``code`` to a request on ``path`` from ``host``."""
     return ZkRefused(code, path, host) if code in _REFUSALS else ZkError(code, path)
+
+
+@contextlib.contextmanager
+def map_errors(where: Callable[[], str]) -> Iterator[None]:
+    """The backend's edge: what the client library or the socket raises becomes asynclock's error.
+
+    The session answers with asynclock's errors already (:class:`ZkError`,
+    :class:`ZkConnectionLoss`, :class:`ZkRefused`); anything else that
+    escapes it (a socket error, a reply aiozk could not parse) is a
+    ``BackendUnavailable`` naming the server ``where()``, the original kept
+    as ``__cause__``.
+    """
+    try:
+        yield
+    except (OSError, EOFError, struct.error, UnicodeDecodeError, zk_exc.ZKError) as exc:
+        raise ZkConnectionLoss(f"ZooKeeper at {where()}: {exc!r}") from exc
 
 
 class ZkConnectionLoss(BackendUnavailable):
@@ -155,6 +175,11 @@ def children_request(path: str, watch: bool = False) -> Request:
 
 def delete_request(path: str, version: int = -1) -> Request:
     return Request(_OPCODE_DELETE, _ustring(path) + _INT.pack(version))
+
+
+def get_data_request(path: str, watch: bool = False) -> Any:
+    """getData (aiozk serialises it: rare, and its reply carries the data)."""
+    return protocol.GetDataRequest(path=path, watch=watch)
 
 
 def exists_request(path: str, watch: bool = False) -> Request:
