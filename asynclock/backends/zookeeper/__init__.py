@@ -52,22 +52,21 @@ given session timeout; a ttl the session cannot carry is refused,
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
-from urllib.parse import unquote
 
 from ..._errors import ConfigurationError
 from ..._options import DEFAULT_CONNECT_TIMEOUT, reject_unknown, seconds
 from ..._timing import request_window
 from ..._values import LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem
+from ._describe import check_permits, describe, lock_names
 from ._holds import Holds
 from ._layout import (
     DEFAULT_TTL,
     LEASE_BASE,
     OPTIONS,
     READ,
-    RESERVED,
     SEM_LEASES,
     SEM_LOCKS,
     WRITE,
@@ -78,20 +77,17 @@ from ._layout import (
     max_ttl,
     parse_url,
     permits_data,
-    permits_of,
     ttl_refused,
 )
-from ._recipe import Node, Recipe, contenders_of, reader_holds, rw_holders
+from ._recipe import Node, Recipe, reader_holds, rw_holders
 from ._session import ZkSession
 from ._wire import (
     CREATOR_ACL,
     NO_NODE,
     OPEN_ACL,
     ZkError,
-    children_request,
     delete_request,
     exists_request,
-    get_data_request,
     map_errors,
 )
 
@@ -295,7 +291,8 @@ class ZooKeeperBackend:
             return contenders.index(mine) < permits, None
 
         async def same_permits(contenders: list[str], mine: str) -> None:
-            await self._check_permits(ref.name, leases, [child for child in contenders if child != mine], permits)
+            others = [child for child in contenders if child != mine]
+            await check_permits(self._session, ref.name, leases, others, permits)
 
         mutex = Node(ref.name, hold, f"{path}/{SEM_LOCKS}", str(uuid.uuid4()))
         return Node(
@@ -380,13 +377,17 @@ class ZooKeeperBackend:
 
     async def info(self, ref: LockRef) -> LockInfo:
         key = self._layout.key(ref)
+        session = self._session
         with map_errors(self._where):
+            await session.wait_connected(self._window())
             if ref.kind in ("lock", "fair"):
-                return await self._describe(ref.name, key)
+                return await describe(session, self._holds, ref.name, key)
             if ref.kind in ("read", "write"):
-                return await self._describe(ref.name, key, pick=rw_holders)
+                return await describe(session, self._holds, ref.name, key, pick=rw_holders)
             permits = ref.permits
-            return await self._describe(
+            return await describe(
+                session,
+                self._holds,
                 ref.name,
                 key,
                 nodes=f"{key}/{SEM_LEASES}",
@@ -396,17 +397,9 @@ class ZooKeeperBackend:
 
     async def names(self) -> list[str]:
         """Lock names under this client's prefix that have contenders now."""
-        session = self._session
-        base = self._layout.base
         with map_errors(self._where):
-            await session.wait_connected(self._window())
-            try:
-                reply = await session.call(children_request(base), base)
-            except ZkError as exc:
-                if exc.code == NO_NODE:
-                    return []
-                raise
-        return sorted(unquote(child, errors="strict") for child in reply.children if child not in RESERVED)
+            await self._session.wait_connected(self._window())
+            return await lock_names(self._session, self._layout.base)
 
     async def aclose(self) -> None:
         """Close the session (the server deletes our nodes at once), bounded in time."""
@@ -429,85 +422,4 @@ class ZooKeeperBackend:
         return ConfigurationError(
             f"ZooKeeper at {self._session.address}: the chroot {self._layout.chroot} does not exist; create it"
             " (asynclock creates only what is under it) or leave it out of the URL"
-        )
-
-    async def _check_permits(self, name: str, leases: str, others: list[str], permits: int) -> None:
-        """ValueError if the semaphore's other leases were taken with another number of permits.
-
-        Runs while this client holds the semaphore's mutex, so every lease
-        was checked against those before it when it was made: the first one
-        that says how many permits its client asked for speaks for them all.
-        Leases that say nothing (Curator's) are skipped.
-        """
-        session = self._session
-        for child in others:
-            path = f"{leases}/{child}"
-            try:
-                reply = await session.call(get_data_request(path), path)
-            except ZkError as exc:
-                if exc.code == NO_NODE:
-                    continue  # released meanwhile
-                raise
-            theirs = permits_of(reply.data)
-            if theirs is None:
-                continue
-            if theirs != permits:
-                raise ValueError(
-                    f"semaphore {name!r} is held or awaited with permits={theirs} by other clients;"
-                    f" this one asks for permits={permits}: every client of a semaphore must use the same number"
-                )
-            return
-
-    async def _children(self, path: str) -> list[str]:
-        """The contenders among the children of ``path``, in order ([] if it does not exist)."""
-        try:
-            reply = await self._session.call(children_request(path), path)
-        except ZkError as exc:
-            if exc.code != NO_NODE:
-                raise
-            return []
-        return contenders_of(reply.children)
-
-    async def _describe(
-        self,
-        name: str,
-        key: str,
-        nodes: str | None = None,
-        pick: Callable[[list[str]], list[str]] = lambda contenders: contenders[:1],
-        queue: str | None = None,
-    ) -> LockInfo:
-        """What the server says: the contenders under ``nodes`` (default ``key``), of
-        which ``pick`` holds; the waiters are the other contenders, or those under ``queue``."""
-        session = self._session
-        nodes = nodes or key
-        await session.wait_connected(self._window())
-        contenders = await self._children(nodes)
-        while True:
-            holders = pick(contenders)
-            if not holders:
-                break
-            first = f"{nodes}/{holders[0]}"
-            try:
-                stat = await session.call(exists_request(first), first)
-            except ZkError as exc:
-                if exc.code != NO_NODE:
-                    raise
-                contenders.remove(holders[0])  # released meanwhile: look again
-                continue
-            break
-        waiters = len(contenders) - len(holders) if queue is None else len(await self._children(queue))
-        if not holders:
-            return LockInfo(name=name, key=key, owner=None, hold_count=0, ttl=None, waiters=waiters, token=None)
-        ours = self._holds.held_paths()
-        ids = tuple(ours[f"{nodes}/{h}"].hold if f"{nodes}/{h}" in ours else h for h in holders)
-        mine = ours.get(first)
-        return LockInfo(
-            name=name,
-            key=key,
-            owner=ids[0],
-            hold_count=mine.count if mine is not None else 1,
-            ttl=session.timeout if mine is not None else None,
-            waiters=waiters,
-            token=int(stat.stat.created_zxid),
-            holders=ids,
         )
