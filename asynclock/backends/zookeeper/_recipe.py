@@ -144,6 +144,8 @@ class Node:
     armed: int = -1
     #: the background deletion of a release that could not finish
     finisher: asyncio.Task[None] | None = None
+    #: what the look that queued it saw (holds, node ahead, contenders): the wait starts from it
+    seen: tuple[bool, str | None, list[str]] | None = None
 
 
 class Recipe:
@@ -216,12 +218,14 @@ class Recipe:
             try:
                 # (no connection by ``until``, or within a session timeout: the caller retries)
                 await self.wait_connected(until if wait else None)
-                try:
-                    seen = await self._look(current, child_watch)
-                except ZkConnectionLoss:
-                    if not wait:
-                        raise
-                    continue  # look again once reconnected
+                seen, current.seen = current.seen, None
+                if seen is None or child_watch is not None or not wait:
+                    try:
+                        seen = await self._look(current, child_watch)
+                    except ZkConnectionLoss:
+                        if not wait:
+                            raise
+                        continue  # look again once reconnected
                 if seen is None:
                     continue  # our node went (session expired, an administrator): queue again
                 holds, ahead, contenders = seen
@@ -234,7 +238,10 @@ class Recipe:
                         node.mutex = None
                         await self.let_go(mutex)
                     return True
-                if not wait or (until is not None and loop.time() >= until):
+                if not wait:
+                    current.seen = seen  # the wait that follows needs no second look
+                    return False
+                if until is not None and loop.time() >= until:
                     return False
             finally:
                 if watched is not None:
