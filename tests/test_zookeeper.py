@@ -665,8 +665,10 @@ async def test_cut_connection_the_holder_is_cancelled_before_the_successor_acqui
 
 
 async def test_a_cut_shorter_than_the_session_loses_nothing(zk: ZooKeeperHarness, proxy: TcpProxy) -> None:
-    """Connections closed before the ConnectResponse are not an expiry: the session goes on."""
-    locks = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(4), prefix=zk.prefix)
+    """Connections closed before the ConnectResponse are not an expiry: the session goes on.
+    Meanwhile the lease is at risk (its holder may checkpoint), and no longer once renewed."""
+    events: list[asynclock.LockEvent] = []
+    locks = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(4), prefix=zk.prefix, on_event=events.append)
     async with locks:
         lock = locks.lock("short-cut")
         lease = await lock.acquire()
@@ -675,12 +677,14 @@ async def test_a_cut_shorter_than_the_session_loses_nothing(zk: ZooKeeperHarness
         proxy.refuse(True)  # every reconnect attempt is closed at once
         proxy.reset()
         await eventually(lambda: not session.connected, scaled(2), "disconnect noticed")
+        assert "connection was lost" in await asyncio.wait_for(lease.wait_at_risk(), scaled(1))
         await asyncio.sleep(scaled(0.5))
         proxy.refuse(False)
         await eventually(lambda: session.connected, scaled(3), "reconnected")
         assert session.session_id == sid
         await asyncio.sleep(scaled(1.5))  # renewals go on
-        assert not lease.lost and lock.held
+        assert not lease.lost and lock.held and not lease.at_risk
+        assert [event.kind for event in events if event.kind in ("at_risk", "lost")] == ["at_risk"]
         await lock.release()
 
 

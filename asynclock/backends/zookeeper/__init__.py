@@ -131,6 +131,7 @@ class ZooKeeperBackend:
             timeout=session_timeout,
             on_connected=lambda: self._holds.on_connected(),
             on_expired=lambda sid: self._holds.on_expired(sid),
+            on_disconnected=lambda reason: self._holds.on_disconnected(reason),
             keepalive=lambda: self._holds.keepalive(),
             auth=() if auth is None else [auth],
         )

@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from ..._values import LossReason
 from ...abc import BackendHooks, RenewItem
 from ._recipe import Node, Recipe
 from ._session import WatchCallback
@@ -132,9 +133,15 @@ class Holds:
             return
         node.gone = True
         if self.hooks is not None:
-            self.hooks.lose([node.hold], reason)
+            self.hooks.lose([node.hold], reason, LossReason.TAKEN_OR_EXPIRED)
 
     # -- the session's news ----------------------------------------------------------
+
+    def on_disconnected(self, reason: str) -> None:
+        """The connection was lost: the holds are at risk until the session is confirmed alive again."""
+        held = [node.hold for node in self._nodes.values() if node.held and not node.releasing and not node.gone]
+        if held and self.hooks is not None:
+            self.hooks.at_risk(held, f"the ZooKeeper connection was lost ({reason}); the session may still live")
 
     def on_connected(self) -> None:
         """A (re)connection: watch the held nodes again."""

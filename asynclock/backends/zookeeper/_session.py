@@ -78,11 +78,13 @@ class ZkSession:
     """A ZooKeeper session kept alive across connections to any server of ``hosts``.
 
     Callbacks: ``on_connected()`` after every (re)connection of a live
-    session, ``on_expired(session_id)`` when the server reports that session
-    expired (a new one is then created), ``keepalive()`` whether the session
-    should ping by itself while idle (the lock backend turns this off while it
-    holds locks: then the lease watchdog's renewals are the heartbeat, so a
-    stalled watchdog lets the session, and the lock, go).
+    session, ``on_disconnected(reason)`` when the connection of a live
+    session is lost (it may still be alive: it reconnects),
+    ``on_expired(session_id)`` when the server reports that session expired
+    (a new one is then created), ``keepalive()`` whether the session should
+    ping by itself while idle (the lock backend turns this off while it holds
+    locks: then the lease watchdog's renewals are the heartbeat, so a stalled
+    watchdog lets the session, and the lock, go).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class ZkSession:
         timeout: float,
         on_connected: Callable[[], None] = lambda: None,
         on_expired: Callable[[int], None] = lambda sid: None,
+        on_disconnected: Callable[[str], None] = lambda reason: None,
         keepalive: Callable[[], bool] = lambda: True,
         auth: Sequence[tuple[str, bytes]] = (),
     ) -> None:
@@ -103,6 +106,7 @@ class ZkSession:
         self.requested_timeout = timeout
         self.on_connected = on_connected
         self.on_expired = on_expired
+        self.on_disconnected = on_disconnected
         self.keepalive = keepalive
         self.session_id = 0
         self._password = b"\x00" * 16
@@ -503,4 +507,8 @@ class ZkSession:
             self._conn = None
             if not self._closed:
                 self._connected.clear()
+                try:
+                    self.on_disconnected(reason)
+                except Exception:
+                    logger.exception("ZooKeeper on_disconnected callback failed")
         conn.close(reason)
