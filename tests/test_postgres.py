@@ -233,6 +233,33 @@ async def test_url_options_and_a_configured_table(pg: PostgresHarness) -> None:
 # -- the server's queue ------------------------------------------------------
 
 
+async def test_an_uncontended_acquire_and_release_run_in_the_callers_task(pg: PostgresHarness) -> None:
+    # The try is one statement awaited by the caller, and the release one more:
+    # neither starts a task (a task per request costs loop turns, and a
+    # cancelled caller could not stop it).
+    locks = pg.connect(ttl=TTL)
+    lock = locks.lock("inline")
+    await lock.acquire()
+    await lock.release()  # the client has started, and a connection is parked
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+    default = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: object, **kwargs: object) -> asyncio.Task[object]:
+        made.append(getattr(coro, "__qualname__", repr(coro)))
+        task = default(loop, coro, **kwargs) if default is not None else asyncio.Task(coro, loop=loop, **kwargs)  # type: ignore[arg-type]
+        return task  # type: ignore[return-value]
+
+    loop.set_task_factory(counting)  # type: ignore[arg-type]
+    try:
+        for _ in range(3):
+            await lock.acquire(timeout=0)
+            await lock.release()
+    finally:
+        loop.set_task_factory(default)
+    assert made == []
+
+
 async def test_waiters_wait_in_the_servers_queue_and_lock_timeout_ends_it(pg: PostgresHarness) -> None:
     holder = pg.connect(ttl=TTL)
     waiter = pg.connect(ttl=TTL)
