@@ -26,7 +26,14 @@ from typing import Any
 from . import report
 from .servers import Servers, server_counter, started
 from .subjects import BY_KEY, PEERS, SUBJECTS, Subject, async_client, thread_client
-from .workload import Counter, contention_metrics, install_redis_counter, percentile, run_contended
+from .workload import (
+    Counter,
+    contention_metrics,
+    install_asyncpg_counter,
+    install_redis_counter,
+    percentile,
+    run_contended,
+)
 
 BACKENDS = ["memory", "redis", "zookeeper", "postgres"]
 SCENARIOS = ["uncontended", "contended", "herd", "watchdog"]
@@ -107,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.window:
         plan = dataclasses.replace(plan, window=args.window, herd_window=args.window)
     install_redis_counter()
+    install_asyncpg_counter()
     chosen = [s for s in SUBJECTS if s.backend in args.backends and not (args.no_peers and s.key in PEERS)]
     results: dict[str, Any] = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -227,6 +235,8 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
             row["round_trips_per_acq"] = trips[key] / count
         elif subject.backend == "zookeeper":
             row["requests_per_acq"] = commands[key]["requests"] / count
+        elif subject.backend == "postgres":
+            row["round_trips_per_acq"] = trips[key] / count
         out[key] = row
     for key, row in out.items():
         subject = BY_KEY[key]
