@@ -14,9 +14,12 @@ How a block runs:
   (``build_report``, ``charge``, …: coroutines that do nothing).
 
 Server addresses written in a block (``redis://localhost:6379/0``,
-``zk://zk1:2181,zk2:2181/app``, ``postgresql://app@db.example/app``) are
-pointed at the test servers before it runs; the rest of the URL (database,
-chroot, query) is kept.
+``zk://zk1:2181,zk2:2181/app``, ``postgresql://app@db.example/app``,
+``etcd://etcd1:2379,etcd2:2379/app``) are pointed at the test servers before
+it runs; the rest of the URL (database, chroot, key path, query) is kept.
+The test servers speak no TLS: ``rediss://`` and ``etcds://`` are pointed at
+the plain ones, so a block that needs certificate files belongs in a
+``text`` block.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import re
 import secrets
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from types import CodeType
@@ -41,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 #: scheme://hosts of the servers a block may name (the part that is replaced)
-SERVER = re.compile(r"\b(redis|rediss|zk|postgresql|postgres)://([^/\s\"'?]+)")
+SERVER = re.compile(r"\b(redis|rediss|zk|postgresql|postgres|etcd|etcds)://([^/\s\"'?]+)")
 
 #: The application's own work, as examples call it.
 APP_WORK = (
@@ -78,6 +82,8 @@ class Servers:
             return f"redis://127.0.0.1:{server.port}"
         if scheme == "zk":
             return f"zk://127.0.0.1:{self._request.getfixturevalue('zookeeper_server').port}"
+        if scheme in ("etcd", "etcds"):
+            return f"etcd://127.0.0.1:{self._request.getfixturevalue('etcd_server').port}"
         dsn: str = self._request.getfixturevalue("postgres_server").dsn
         return dsn.split("/", 3)[0] + "//" + dsn.split("/", 3)[2]
 
@@ -182,3 +188,18 @@ def test_the_runner_finds_and_points_blocks_at_the_test_servers() -> None:
     assert rewrite('connect("redis://localhost:6379/0")') == 'connect("redis://test-server/0")'
     assert rewrite('"zk://zk1:2181,zk2:2181/app?session_timeout=10"') == '"zk://test-server/app?session_timeout=10"'
     assert rewrite("postgresql://app:pw@db.example:5432/app") == "postgresql://test-server/app"
+    assert rewrite('connect("etcd://etcd1:2379,etcd2:2379/app")') == 'connect("etcd://test-server/app")'
+    assert rewrite("etcds://root:pw@etcd1:2379/app?connect_timeout=2") == "etcds://test-server/app?connect_timeout=2"
+    assert rewrite("etcdctl lock /app/asynclock/orders") == "etcdctl lock /app/asynclock/orders"
+
+    class Fixtures:
+        """The fixtures ``Servers`` asks for, as servers on port 1234."""
+
+        def getfixturevalue(self, name: str) -> object:
+            assert name == "etcd_server", name
+            return types.SimpleNamespace(port=1234)
+
+    # the test etcd speaks no TLS: etcds:// goes to it as etcd://
+    servers = Servers(Fixtures())  # type: ignore[arg-type]
+    assert servers.rewrite("etcds://etcd1:2379,etcd2:2379/app") == "etcd://127.0.0.1:1234/app"
+    assert servers.rewrite("etcd://etcd1:2379") == "etcd://127.0.0.1:1234"
