@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import subprocess
+import sys
 import time
 
 import pytest
@@ -294,3 +296,22 @@ async def test_memory_client_is_isolated_and_does_not_hide_the_error_of_its_bloc
             lease = await locks.lock("held").acquire()
             1 / 0  # noqa: B018
     assert lease.lost  # the client was closed all the same
+
+
+def test_the_testing_kit_imports_without_pytest_until_the_fixture_is_asked_for() -> None:
+    code = (
+        "import sys; sys.modules['pytest'] = None\n"
+        "import asyncio, asynclock.testing as kit\n"
+        "async def main():\n"
+        "    async with kit.virtual_clock(), kit.memory_client() as locks:\n"
+        "        async with locks.lock('x'):\n"
+        "            await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n"
+        "try:\n"
+        "    kit.locks\n"
+        "except ImportError:\n"
+        "    print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
