@@ -48,6 +48,13 @@ kinds are one lock, as the fair lock is the plain lock where that is FIFO).
 
 Every method translates its client library's errors into
 ``BackendUnavailable``, ``ConfigurationError`` or ``LockError`` at its edge.
+
+Testing a backend: :mod:`asynclock.testing.conformance` is the contract
+suite that asynclock's own backends pass, as a test class to subclass. A
+backend's tests give it a ``Harness`` (how to connect a client,
+``asynclock.Locks(backend, ...)``; how to expire a hold on the server; what
+a test left behind there; whether it has fencing tokens) and run the same
+tests (see that module's docs).
 """
 
 from __future__ import annotations

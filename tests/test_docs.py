@@ -5,6 +5,9 @@ How a block runs:
 
 * A complete program (it calls ``asyncio.run``) runs as a script of its own,
   in a subprocess.
+* A test module (it defines a ``test_…`` function) runs under pytest, in a
+  subprocess, with asynclock's pytest plugin on (the ``locks`` fixture), and
+  every test in it must pass.
 * Any other block is a snippet: it runs with top-level ``await`` in one
   namespace per page, so a later block may use what an earlier one made.
   The namespace starts with ``asyncio``, ``asynclock``, ``log`` (a logger),
@@ -31,6 +34,7 @@ import re
 import secrets
 import subprocess
 import sys
+import tempfile
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +48,8 @@ import asynclock
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+#: a block that defines a test is a test module
+TEST_MODULE = re.compile(r"^(async )?def test_", re.M)
 #: scheme://hosts of the servers a block may name (the part that is replaced)
 SERVER = re.compile(r"\b(redis|rediss|zk|postgresql|postgres|etcd|etcds)://([^/\s\"'?]+)")
 
@@ -146,6 +152,9 @@ async def test_every_python_block_runs(page: Path, request: pytest.FixtureReques
             if "asyncio.run(" in code:
                 await run_program(code, where)
                 continue
+            if TEST_MODULE.search(code):
+                await run_test_module(code, where)
+                continue
             namespace["url"] = servers.address("redis") + "/0" if "url" in code else None
             if namespace["locks"]._closed:  # an earlier block's ``async with connect(...) as locks`` ended
                 namespace["locks"] = default
@@ -171,6 +180,25 @@ async def run_program(code: str, where: str) -> None:
         check=False,
     )
     assert done.returncode == 0, f"{where} failed:\n{done.stdout}\n{done.stderr}"
+
+
+async def run_test_module(code: str, where: str) -> None:
+    done = await asyncio.to_thread(pytest_on, code)
+    assert done.returncode == 0 and " passed" in done.stdout, f"{where}: a test failed:\n{done.stdout}\n{done.stderr}"
+
+
+def pytest_on(code: str) -> subprocess.CompletedProcess[str]:
+    """pytest run on ``code`` as a test module of its own, with asynclock's fixtures on."""
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "test_block.py").write_text(code)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--asynclock-fixtures", "test_block.py"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
 
 def test_the_runner_finds_and_points_blocks_at_the_test_servers() -> None:

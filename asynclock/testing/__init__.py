@@ -1,12 +1,20 @@
 """Testing code that uses asynclock: make "what happens when the lock is lost?" a short test.
 
-``faults(locks)`` gives the fault controls of a ``memory://`` client: lose a
-lock now, stall its renewals, make it unavailable, slow every request down.
-They act exactly where a real backend's trouble acts (the watchdog's
-renewals, the requests), so the code under test sees what it would see in
-production: ``LockLost`` from its ``async with``, an ``"at_risk"`` event and
-``lease.wait_at_risk()`` before a loss, ``BackendUnavailable`` from its
-acquires.
+* ``faults(locks)`` gives the fault controls of a ``memory://`` client: lose
+  a lock now, stall its renewals, make it unavailable, slow every request
+  down. They act exactly where a real backend's trouble acts (the
+  watchdog's renewals, the requests), so the code under test sees what it
+  would see in production: ``LockLost`` from its ``async with``, an
+  ``"at_risk"`` event and ``lease.wait_at_risk()`` before a loss,
+  ``BackendUnavailable`` from its acquires.
+* ``virtual_clock()`` makes the running loop's time jump ahead whenever
+  every task waits, so a 30 s ttl runs out in milliseconds (``memory://`` only).
+* ``memory_client()`` is an isolated ``memory://`` client that fails on
+  leaving if a lease is still held or an acquire still waiting; the pytest
+  fixture ``locks`` (``from asynclock.testing import locks``, or the
+  ``asynclock_fixtures`` ini option / ``--asynclock-fixtures`` flag of the
+  pytest plugin) gives one to each test.
+* :mod:`asynclock.testing.conformance` is the contract suite, for any backend.
 
 Example::
 
@@ -19,18 +27,24 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import secrets
+from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import asynclock
 
 from .._options import seconds as checked
 from .._validate import check_name
+from ._clock import VirtualClock, virtual_clock
 
 if TYPE_CHECKING:
     from .._client import Locks
     from ..backends.memory import MemoryBackend
 
-__all__ = ["Faults", "faults"]
+__all__ = ["Faults", "VirtualClock", "faults", "leaks", "memory_client", "virtual_clock"]
 
 
 def faults(locks: Locks) -> Faults:
@@ -113,3 +127,65 @@ class _Unavailable:
     ) -> None:
         self._faults._backend.faults.unavailable = False
         self._faults._backend.faults_changed()
+
+
+def leaks(locks: Locks) -> list[str]:
+    """What ``locks`` still has going: each lease it holds and each acquire still waiting.
+
+    A test that ends with either has leaked it: a lease that nobody releases
+    is renewed for ever (until the client closes), and a waiting acquire is a
+    task that never finished. Reads the client's state, no I/O.
+    """
+    found = []
+    keeper = locks._keeper
+    for lease in keeper.holds() if keeper is not None else []:
+        found.append(
+            f"lease {lease.name!r} held (token {lease.token}, hold count {lease.hold_count}, owner {lease.owner})"
+        )
+    hub = locks._hub
+    for name, entry in sorted(hub._entries.items()) if hub is not None else []:
+        if entry.waiters:
+            found.append(f"{len(entry.waiters)} acquire(s) of {name!r} still waiting")
+    for task in locks._waits:
+        found.append(f"an acquire still waiting in a queue (task {task.get_name()!r})")
+    return found
+
+
+@contextlib.asynccontextmanager
+async def memory_client(*, ttl: float = 30.0, **options: Any) -> AsyncIterator[Locks]:
+    """An isolated ``memory://`` client (a key prefix of its own), closed on leaving.
+
+    Leaving the block normally raises ``AssertionError`` naming what the
+    code inside leaked (see :func:`leaks`): a lease still held, an acquire
+    still waiting. ``options`` go to :func:`asynclock.connect` (``on_event``,
+    ``prefix``). The pytest fixture ``locks`` is this client.
+
+    Example::
+
+        async with asynclock.testing.memory_client() as locks:
+            async with locks.lock("job"):
+                ...
+    """
+    options.setdefault("prefix", f"test-{secrets.token_hex(4)}")
+    locks = asynclock.connect("memory://", ttl=ttl, **options)
+    try:
+        yield locks
+    except BaseException:
+        await locks.aclose()
+        raise
+    left = leaks(locks)
+    await locks.aclose()
+    if left:
+        raise AssertionError(
+            f"the code under test left {len(left)} thing(s) going on its memory:// client "
+            f"(prefix {options['prefix']!r}): " + "; ".join(left)
+        )
+
+
+def __getattr__(name: str) -> Any:
+    # The pytest fixture is made on first use, so that this package imports without pytest.
+    if name == "locks":
+        from ._fixtures import locks
+
+        return locks
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
