@@ -32,7 +32,7 @@ class Lease:
 
     ``token`` is the fencing token: pass it to the resource you protect so that
     a holder whose lease was lost cannot write after the next holder did.
-    ``expires_at`` is the ``time.monotonic()`` deadline this client trusts;
+    ``expires_at`` is the deadline this client trusts, by the event loop's clock;
     the watchdog keeps moving it forward while the lease is renewed.
     ``lost`` turns true when the lease is lost; ``await lease.wait_lost()``
     returns then. ``remaining`` is how many seconds are left until the trusted
@@ -133,7 +133,7 @@ class Lease:
 
     @property
     def expires_at(self) -> float:
-        """Monotonic time until which this client trusts the lease."""
+        """The loop time (``asyncio.get_running_loop().time()``) until which this client trusts the lease."""
         return self._expires_at
 
     @property
