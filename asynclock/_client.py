@@ -235,10 +235,14 @@ class Locks:
             if self._keeper is None:
                 self._loop = loop
                 backend = self._backend
-                hub = WakeHub(backend if isinstance(backend, Notifies) else None, self._background, self._lose)
+                hub = WakeHub(
+                    backend if isinstance(backend, Notifies) else None, self._background, self._lose, self._at_risk
+                )
                 await backend.start(hub)
                 self._hub = hub
-                self._keeper = LeaseKeeper(backend, self._renewed if self._on_event is not None else None)
+                self._keeper = LeaseKeeper(
+                    backend, self._renewed if self._on_event is not None else None, self._lease_at_risk
+                )
             return self._keeper
 
     def _wait_ended(self, task: asyncio.Task[Any]) -> bool:
@@ -351,6 +355,14 @@ class Locks:
         # If the server may still have it (the deadline passed while renewals
         # were stuck), give it back by identity; harmless if it is gone.
         self._spawn(release_by_identity(self._backend, lease, raise_errors=False))
+
+    def _lease_at_risk(self, lease: Lease, reason: str) -> None:
+        logger.info("lock %r at risk for %s: %s", lease.name, lease.owner, reason)
+        self._emit("at_risk", lease.name, lease.owner, lease.token, reason=reason)
+
+    def _at_risk(self, holds: Sequence[str] | None, reason: str) -> None:
+        if self._keeper is not None:
+            self._keeper.at_risk(None if holds is None else list(holds), reason)
 
     def _renewed(self, lease: Lease) -> None:
         if self._on_event is not None:

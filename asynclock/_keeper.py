@@ -8,8 +8,10 @@ entry and at most one loop timer, whatever its size:
 * One task sleeps until the earliest cohort is due, then renews every lease
   due now or within the next sixth of a period, in one backend call per
   primitive (the backend batches it into as few round trips as it can). A
-  renewal answered "not the holder" loses the lease at once; an error is
-  retried with backoff until the lease's own deadline.
+  renewal answered "not the holder" loses the lease at once; an error, or no
+  answer within half the time left, puts the lease *at risk* (an event, and
+  ``lease.wait_at_risk()`` returns) and is retried with backoff until the
+  lease's own deadline.
 * A cohort with a lease that an ``async with`` body runs under has a timer
   at its deadline, which loses every lease of it not renewed since (and so
   cancels those bodies). It is a loop callback: it fires even when a renewal
@@ -59,9 +61,15 @@ class _Cohort:
 class LeaseKeeper:
     """Renews every lease of one client from a single task, and enforces their deadlines."""
 
-    def __init__(self, backend: Backend, on_renewed: Callable[[Lease], None] | None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        on_renewed: Callable[[Lease], None] | None,
+        on_at_risk: Callable[[Lease, str], None],
+    ) -> None:
         self._backend = backend
         self._on_renewed = on_renewed
+        self._on_at_risk = on_at_risk
         self._leases: dict[str, Lease] = {}
         self._heap: list[tuple[float, int, _Cohort]] = []
         self._seq = itertools.count()
@@ -95,6 +103,15 @@ class LeaseKeeper:
 
     def holds(self) -> list[Lease]:
         return list(self._leases.values())
+
+    def at_risk(self, holds: list[str] | None, reason: str) -> None:
+        """The given holds (None: all) may be lost soon, as a backend reported (a session disconnected)."""
+        targets = (
+            list(self._leases.values()) if holds is None else [self._leases[h] for h in holds if h in self._leases]
+        )
+        for lease in targets:
+            if lease._mark_at_risk(reason):
+                self._on_at_risk(lease, reason)
 
     def lose(self, holds: list[str] | None, reason: str, loss: LossReason) -> None:
         """Lose the given holds (None: all) at once, as a backend reported."""
@@ -226,24 +243,24 @@ class LeaseKeeper:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
 
-    async def _renew_and_apply(self, group: list[Lease], sent: float) -> None:
+    async def _renew_and_apply(self, group: list[Lease], sent: float, last_try: bool = False) -> None:
         loop = asyncio.get_running_loop()
         earliest = min(lease._expires_at for lease in group)
-        if len(group) == 1:
-            results, expired = await self._renew_group(group, earliest)
-        else:
-            # A call for several holds gets half the time left: if one hold's
-            # renewal hangs (one stuck connection among a backend's many), the
-            # others are tried again apart, in halves, before their deadlines.
-            results, expired = await self._renew_group(group, sent + (earliest - sent) / 2)
-            if expired:
-                now = loop.time()
-                middle = len(group) // 2
-                live = [lease for lease in group if self._leases.get(lease._hold) is lease]
-                await asyncio.gather(
-                    *(self._renew_and_apply(half, now) for half in (live[:middle], live[middle:]) if half)
-                )
-                return
+        # A call gets half the time left. Unanswered by then, its leases are at
+        # risk and are tried again: apart, in halves, if there are several (one
+        # hold's renewal may hang on one stuck connection among a backend's
+        # many), or with the rest of the time if there is one.
+        results, expired = await self._renew_group(group, earliest if last_try else sent + (earliest - sent) / 2)
+        if expired and not last_try:
+            now = loop.time()
+            live = [lease for lease in group if self._leases.get(lease._hold) is lease]
+            for lease in live:
+                if lease._mark_at_risk("a renewal did not answer within half the time left"):
+                    self._on_at_risk(lease, lease._at_risk or "")
+            middle = len(live) // 2
+            halves = [live] if len(live) == 1 else [live[:middle], live[middle:]]
+            await asyncio.gather(*(self._renew_and_apply(half, now, len(half) == 1) for half in halves if half))
+            return
         now = loop.time()
         renewed: dict[float, list[Lease]] = {}  # by ttl: the leases that share a due time and a deadline now
         guarded: set[float] = set()  # ttls of those with a body under them
@@ -272,6 +289,8 @@ class LeaseKeeper:
                 logger.info("renewal of %r failed, retrying: %r", lease.name, result)
                 self._leave(lease)
                 lease._last_error = str(result) or repr(result)
+                if lease._mark_at_risk(f"a renewal failed: {lease._last_error}"):
+                    self._on_at_risk(lease, lease._at_risk or "")
                 lease._next_due = min(now + lease._backoff, lease._expires_at)
                 lease._backoff = min(lease._backoff * 2, lease._ttl / 6)
                 retry.append(lease)

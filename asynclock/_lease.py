@@ -32,12 +32,16 @@ class Lease:
 
     ``token`` is the fencing token: pass it to the resource you protect so that
     a holder whose lease was lost cannot write after the next holder did.
-    ``expires_at`` is the ``time.monotonic()`` deadline this client trusts;
+    ``expires_at`` is the deadline this client trusts, by the event loop's clock;
     the watchdog keeps moving it forward while the lease is renewed.
     ``lost`` turns true when the lease is lost; ``await lease.wait_lost()``
-    returns then. Re-entering the lock returns the same Lease with a higher
-    ``hold_count``. ``await lease.release()`` releases it (every hold) from
-    any task, e.g. a request handler other than the one that acquired it.
+    returns then. ``remaining`` is how many seconds are left until the trusted
+    deadline; ``at_risk`` turns true (and ``await lease.wait_at_risk()``
+    returns) when a renewal has failed but the lease is not lost yet: the
+    moment to checkpoint before the body may be cancelled. Re-entering the
+    lock returns the same Lease with a higher ``hold_count``.
+    ``await lease.release()`` releases it (every hold) from any task, e.g. a
+    request handler other than the one that acquired it.
 
     Example::
 
@@ -50,6 +54,7 @@ class Lease:
 
     __slots__ = (
         "_acquired_at",
+        "_at_risk",
         "_backoff",
         "_cohort",
         "_expires_at",
@@ -68,6 +73,7 @@ class Lease:
         "_released",
         "_releaser",
         "_renewal",
+        "_risk_event",
         "_scopes",
         "_ttl",
         "hold_count",
@@ -105,6 +111,8 @@ class Lease:
         self._last_error: str | None = None
         self._released = False
         self._lost_event: asyncio.Event | None = None
+        self._at_risk: str | None = None  # why, while a renewal has failed and none succeeded since
+        self._risk_event: asyncio.Event | None = None
         self._scopes: list[anyio.CancelScope] = []
         self._on_lost = on_lost
         self._releaser = releaser
@@ -125,8 +133,20 @@ class Lease:
 
     @property
     def expires_at(self) -> float:
-        """Monotonic time until which this client trusts the lease."""
+        """The loop time (``asyncio.get_running_loop().time()``) until which this client trusts the lease."""
         return self._expires_at
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left until the trusted deadline (0 once the lease is lost or released)."""
+        if not self._held:
+            return 0.0
+        return max(0.0, self._expires_at - _now())
+
+    @property
+    def at_risk(self) -> bool:
+        """True while a renewal has failed and none has succeeded since, and the lease is not lost yet."""
+        return self._at_risk is not None and not self.lost
 
     @property
     def lost(self) -> bool:
@@ -163,6 +183,25 @@ class Lease:
             self._check_deadline()
         return self._reason
 
+    async def wait_at_risk(self) -> str:
+        """Wait until a renewal of this lease fails (or the lease is lost) and return why.
+
+        Returns at once if that is so already. The lease may still recover
+        (the next renewal succeeds); ``at_risk`` says whether it has. Waits
+        forever for a lease that is released without either.
+        """
+        while self._at_risk is None and self._reason is None:
+            if self._risk_event is None:
+                self._risk_event = asyncio.Event()
+            if self._released:
+                await self._risk_event.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(self._expires_at):
+                    await self._risk_event.wait()
+            self._check_deadline()
+        return self._at_risk or self._reason or "lost"
+
     async def release(self) -> None:
         """Release this lease, every hold of it, from any task.
 
@@ -189,6 +228,19 @@ class Lease:
         self._next_due = sent_at + self._ttl / 3
         self._backoff = RETRY_FIRST
         self._last_error = None
+        if self._at_risk is not None:
+            self._at_risk = None
+            if self._risk_event is not None:
+                self._risk_event.clear()
+
+    def _mark_at_risk(self, reason: str) -> bool:
+        """A renewal failed: at risk, unless it is so already (True the first time of a streak)."""
+        if self._at_risk is not None or not self._held:
+            return False
+        self._at_risk = reason
+        if self._risk_event is not None:
+            self._risk_event.set()
+        return True
 
     def _renew_item(self) -> RenewItem:
         """What the keeper asks the backend to renew (made once)."""
@@ -226,6 +278,8 @@ class Lease:
         self._loss = loss
         if self._lost_event is not None:
             self._lost_event.set()
+        if self._risk_event is not None:
+            self._risk_event.set()
 
 
 def _now() -> float:

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
-EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned"]
+EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned", "at_risk"]
 
 
 class LossReason(enum.StrEnum):
@@ -36,13 +36,21 @@ class LockInfo:
     """
 
     name: str
+    """The lock's name."""
     key: str
+    """The backend's own name for it: Redis key, znode path, advisory key, etcd key."""
     owner: str | None
+    """The holder's id (``<client id>:<owner>`` for asynclock's holders), or None when free."""
     hold_count: int
+    """How many times the holder holds it (re-entry), where the backend keeps it."""
     ttl: float | None
+    """Seconds left on the holder's lease, where the backend knows it."""
     waiters: int | None
+    """How many wait for it, where the backend knows it."""
     token: int | None
+    """The holder's fencing token."""
     holders: tuple[str, ...] = ()
+    """Every holder (several for a read lock or a semaphore)."""
 
     @property
     def held(self) -> bool:
@@ -55,15 +63,32 @@ class LockEvent:
     """One thing that happened to a lock of this client, passed to ``on_event``.
 
     ``wait_s`` is set for ``acquired`` and ``timeout``, ``held_s`` for
-    ``released``, ``lost`` and ``abandoned``; ``reason`` (text) and ``loss``
+    ``released``, ``lost`` and ``abandoned``; ``reason`` (text) for ``lost``
+    and ``at_risk`` (a renewal failed, the lease is not lost yet), and ``loss``
     (a :class:`LossReason`) for ``lost``.
+
+    Example::
+
+        def on_event(event: asynclock.LockEvent) -> None:
+            if event.kind == "lost":
+                log.error("lost %s: %s", event.name, event.reason)
+
+        locks = asynclock.connect(url, on_event=on_event)
     """
 
     kind: EventKind
+    """What happened: acquired, released, renewed, lost, timeout, abandoned or at_risk."""
     name: str
+    """The lock's name."""
     owner: str
+    """Who: ``<client id>:<owner>``, the owner being a task (``task-N``) or a detached lease."""
     token: int | None = None
+    """The lease's fencing token, where there is one."""
     wait_s: float | None = None
+    """Seconds from calling ``acquire`` to holding, or to timing out."""
     held_s: float | None = None
+    """Seconds from holding to the release, loss or abandonment."""
     reason: str | None = None
+    """Why a lease was lost or is at risk, in words."""
     loss: LossReason | None = None
+    """Why a lease was lost, in a word."""

@@ -48,6 +48,13 @@ kinds are one lock, as the fair lock is the plain lock where that is FIFO).
 
 Every method translates its client library's errors into
 ``BackendUnavailable``, ``ConfigurationError`` or ``LockError`` at its edge.
+
+Testing a backend: :mod:`asynclock.testing.conformance` is the contract
+suite that asynclock's own backends pass, as a test class to subclass. A
+backend's tests give it a ``Harness`` (how to connect a client,
+``asynclock.Locks(backend, ...)``; how to expire a hold on the server; what
+a test left behind there; whether it has fencing tokens) and run the same
+tests (see that module's docs).
 """
 
 from __future__ import annotations
@@ -170,6 +177,10 @@ class BackendHooks(Protocol):
 
     def lose(self, holds: Sequence[str] | None, reason: str, loss: LossReason = LossReason.CONNECTION_LOST) -> None:
         """These holds (None: every hold of this client) are lost, now."""
+
+    def at_risk(self, holds: Sequence[str] | None, reason: str) -> None:
+        """These holds (None: every hold of this client) may be lost soon (a session disconnected):
+        the client tells their holders, who may checkpoint."""
 
 
 class Backend(Protocol):

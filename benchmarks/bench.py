@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -26,10 +27,17 @@ from typing import Any
 from . import report
 from .servers import Servers, server_counter, started
 from .subjects import BY_KEY, PEERS, SUBJECTS, Subject, async_client, thread_client
-from .workload import Counter, contention_metrics, install_redis_counter, percentile, run_contended
+from .workload import (
+    Counter,
+    contention_metrics,
+    install_asyncpg_counter,
+    install_redis_counter,
+    percentile,
+    run_contended,
+)
 
 BACKENDS = ["memory", "redis", "zookeeper", "postgres", "etcd"]
-SCENARIOS = ["uncontended", "contended", "herd", "watchdog"]
+SCENARIOS = ["uncontended", "contended", "herd", "watchdog", "connections"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.window:
         plan = dataclasses.replace(plan, window=args.window, herd_window=args.window)
     install_redis_counter()
+    install_asyncpg_counter()
     chosen = [s for s in SUBJECTS if s.backend in args.backends and not (args.no_peers and s.key in PEERS)]
     results: dict[str, Any] = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -138,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             results["herd"] = herd(runnable, servers, plan, results["skipped"])
         if "watchdog" in args.scenarios:
             results["watchdog"] = asyncio.run(watchdog(runnable, servers, plan, results["skipped"]))
+        if "connections" in args.scenarios:
+            results["connections"] = asyncio.run(connections(runnable, servers, results["skipped"]))
     results["load_avg_end"] = os.getloadavg()
     results["targets"] = report.targets(results)
     out = Path(args.out)
@@ -227,7 +238,7 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
             row["round_trips_per_acq"] = trips[key] / count
         elif subject.backend == "zookeeper":
             row["requests_per_acq"] = commands[key]["requests"] / count
-        elif subject.backend == "etcd":
+        elif subject.backend in ("postgres", "etcd"):
             row["round_trips_per_acq"] = trips[key] / count
         out[key] = row
     for key, row in out.items():
@@ -238,7 +249,7 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
 
 
 def _round_trips(client: Any) -> int:
-    """Requests sent so far: counted by the subject (etcd), else by the Redis counter."""
+    """Requests sent so far: counted by the subject (etcd), else by the shared counter (Redis, asyncpg)."""
     own = client.round_trips() if hasattr(client, "round_trips") else None
     return Counter.value if own is None else int(own)
 
@@ -361,6 +372,63 @@ def herd(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[st
 
 
 # -- 6. watchdog scale ----------------------------------------------------------------
+
+
+#: Different locks one client tries to hold at once, and tasks waiting for one held lock.
+MANY_LOCKS = 1000
+WAITERS = 20
+
+
+async def connections(subjects: list[Subject], servers: Servers, skipped: dict[str, str]) -> dict[str, Any]:
+    """PostgreSQL: the server connections one client uses to hold many locks, and to wait for one.
+
+    Holds are asked with ``timeout=0`` (a hold that would need a connection
+    the client does not have is refused, not waited for). Connections are
+    the client's pool size once the holds are taken, or while the waiters
+    wait (each waiter is queued when the count is read).
+    """
+    import asynclock
+
+    out: dict[str, Any] = {}
+    if not any(subject.key == "asynclock-postgres" for subject in subjects):
+        return out
+    log(f"connections: one postgresql:// client holding {MANY_LOCKS} locks; {WAITERS} waiters on one")
+    url = servers.urls["postgres"]
+    try:
+        async with asynclock.connect(url, ttl=10, prefix="conns") as locks:
+            leases = []
+            for i in range(MANY_LOCKS):
+                with contextlib.suppress(asynclock.LockTimeout):
+                    leases.append(await locks.lock(f"many-{i}").acquire(timeout=0, detached=True))
+            out["hold_many"] = {"asked": MANY_LOCKS, "held": len(leases), "connections": locks.backend.pool.get_size()}
+            for lease in leases:
+                await lease.release()
+        async with (
+            asynclock.connect(url, ttl=10, prefix="waits") as holder,
+            asynclock.connect(url, ttl=10, prefix="waits") as locks,
+        ):
+            held = await holder.lock("one").acquire(detached=True)
+            one = locks.lock("one")
+
+            async def wait_then_release() -> None:
+                lease = await one.acquire(timeout=30, detached=True)
+                await lease.release()  # at once: the waiters are granted in the server's order
+
+            waiters = [asyncio.create_task(wait_then_release()) for _ in range(WAITERS)]
+            deadline = time.monotonic() + 30
+            while (await locks.lock("one").info()).waiters < WAITERS and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            out["wait_one"] = {
+                "waiters": WAITERS,
+                "queued": (await locks.lock("one").info()).waiters,
+                "connections": locks.backend.pool.get_size(),
+            }
+            await held.release()
+            await asyncio.gather(*waiters)
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        skipped["connections:asynclock-postgres"] = f"failed: {exc!r}"[:200]
+        log(f"connections failed: {exc!r}")
+    return out
 
 
 async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:

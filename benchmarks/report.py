@@ -90,6 +90,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         unit="x",
     )
     check("PostgreSQL acquire+release / raw floor", get(unc, "asynclock-postgres", "ratio_to_floor"), 1.2, unit="x")
+    many = results.get("connections", {}).get("hold_many")
+    if many is not None:
+        # Met only if every lock was held: connections for the holds that were refused do not count.
+        used = float(many["connections"]) if many["held"] == many["asked"] else math.inf
+        check(f"PostgreSQL connections for {many['asked']:,} held locks", used, 4)
     check("etcd acquire+release / raw floor", get(unc, "asynclock-etcd", "ratio_to_floor"), 1.2, unit="x")
     check(
         "Redis: round trips per renewal period, 10,000 leases",
@@ -204,6 +209,21 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{_f(row['cpu_ms_per_period'], 1)} | {_f(row['cpu_share'] * 100, 0, '%')} | "
                 f"{row['held_after']:,} |"
             )
+        lines.append("")
+    conns = results.get("connections")
+    if conns:
+        lines += [
+            "**7. Connections** (PostgreSQL: one asynclock client; holds asked with timeout=0)",
+            "",
+            "| what | asked | held or queued | server connections |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        if "hold_many" in conns:
+            row = conns["hold_many"]
+            lines.append(f"| hold different locks | {row['asked']:,} | {row['held']:,} | {row['connections']} |")
+        if "wait_one" in conns:
+            row = conns["wait_one"]
+            lines.append(f"| wait for one held lock | {row['waiters']} | {row['queued']} | {row['connections']} |")
         lines.append("")
     checks = results.get("targets") or []
     if checks:

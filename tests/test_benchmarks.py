@@ -16,6 +16,7 @@ import pytest
 
 from tests.servers import redis_server_binary
 from tests.servers.etcd import etcd_binary
+from tests.servers.postgres import postgres_bin_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,6 +82,36 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
     targets = {t["target"]: t for t in results["targets"]}
     assert targets["Redis acquire+release / raw floor"]["met"] in (True, False)
     assert targets["ZooKeeper acquire+release / raw floor"]["met"] is None  # not run here
+
+
+@pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL not installed")
+def test_quick_postgres_run_counts_round_trips_and_connections(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks", "--quick", "--backends", "postgres"),
+            *("--scenarios", "uncontended,connections", "--out", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "latest.json").read_text())
+    assert results["skipped"] == {}
+    unc = results["uncontended"]
+    # the raw floor is pg_advisory_lock then pg_advisory_unlock: two round trips
+    assert unc["raw-postgres"]["round_trips_per_acq"] == 2.0
+    assert unc["asynclock-postgres"]["round_trips_per_acq"] >= 2.0
+    conns = results["connections"]
+    many, waits = conns["hold_many"], conns["wait_one"]
+    assert many["asked"] == 1000 and 0 < many["held"] <= 1000 and many["connections"] >= 1
+    assert waits["waiters"] == waits["queued"] == 20 and waits["connections"] >= 1
+    assert "Connections" in proc.stdout
+    assert any(t["target"] == "PostgreSQL connections for 1,000 held locks" for t in results["targets"])
 
 
 @pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")

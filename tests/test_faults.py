@@ -22,7 +22,7 @@ import asynclock
 from tests.faults import hygiene
 from tests.faults.checker import Section, StaleWindow, WorkerLog, check
 from tests.faults.runner import RedlockTarget, SentinelTarget, Target, target_for
-from tests.faults.scenarios import SCENARIOS, Outcome, Settings, by_name
+from tests.faults.scenarios import SCENARIOS, Outcome, Settings, _warned_first, by_name
 from tests.faults.store import StoreState
 from tests.servers import RedisServer
 from tests.servers.postgres import PostgresServer
@@ -40,6 +40,7 @@ FAST_SCENARIOS = {
     "postgres": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen", "server-restarted"],
     "redlock": ["cancellation", "holder-killed", "redlock-minority", "redlock-majority"],
     "sentinel": ["failover"],
+    "memory": ["renewals-stalled"],
 }
 #: the torture tier: every scenario that applies, longer, with more workers
 TORTURE = Settings(workers=6, duration=15.0, ttl=1.0, faults=10_000, margin=1.0)
@@ -113,6 +114,10 @@ def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
     violations = sum(len(o.verdict.violations) for o in _OUTCOMES)
     line = f"fault harness: {len(_OUTCOMES)} scenario runs, {total} operations, {faults} faults injected, "
     line += f"{violations} violations"
+    stalled = [o.verdict for o in _OUTCOMES if o.stalled]
+    lost = sum(v.renewal_losses for v in stalled)
+    unwarned = sum(v.unwarned for v in stalled)
+    line += f"; stalled renewals: {lost} leases lost, {unwarned} of them without an earlier at_risk"
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None and capture is not None:
@@ -128,6 +133,8 @@ def _report(outcome: Outcome) -> None:
 
 
 async def _target(request: pytest.FixtureRequest, kind: str) -> Target:
+    if kind == "memory":
+        return target_for("memory://")
     if kind == "redlock":
         nodes: RedisNodes = request.getfixturevalue("fault_redlock")
         nodes.revive()
@@ -395,3 +402,18 @@ async def test_hygiene_counts_postgres_client_connections(postgres_server: Postg
         hygiene.wait_connections, lambda: hygiene.postgres_connections(postgres_server.dsn), before
     )
     assert settled == before
+
+
+def test_checker_counts_leases_lost_to_failing_renewals_without_an_earlier_at_risk() -> None:
+    log = WorkerLog(0, done=True)
+    log.add({"ev": "at_risk", "t": 1.0, "reason": "a renewal did not answer within half the time left"})
+    log.add({"ev": "lost", "t": 1.2, "loss": "renewal_failed", "warned": True})
+    log.add({"ev": "lost", "t": 2.0, "loss": "renewal_failed", "warned": False})
+    log.add({"ev": "lost", "t": 2.5, "loss": "connection_lost", "warned": True})
+    log.add({"ev": "lost", "t": 3.0, "loss": "taken_or_expired", "warned": False})  # the server said so: no warning
+    verdict = check([log], _store(0))
+    assert (verdict.renewal_losses, verdict.unwarned) == (3, 1)
+    assert verdict.violations == []  # a count; a violation only where the fault stalled renewals
+    outcome = _warned_first(Outcome("renewals stalled", "memory", verdict, faults=1))
+    assert outcome.stalled and "at_risk first 2/3" in outcome.line()
+    assert outcome.verdict.violations == ["1 of 3 leases lost to failing renewals without an earlier at_risk"]

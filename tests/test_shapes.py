@@ -15,18 +15,16 @@ from typing import Any
 import pytest
 
 import asynclock
-from tests import test_contract as contract
+from asynclock.testing.conformance import Contract
 from tests.conftest import make_harness
 from tests.harness import Harness
 
 pytestmark = pytest.mark.anyio
 
-globals().update({name: getattr(contract, name) for name in dir(contract) if name.startswith("test_")})
-
 #: The backends that serve each primitive (the contract runs on each pair).
 SHAPES: dict[str, list[str]] = {
     # (not Redis: its fair lock is the plain lock, object and all, which
-    # test_contract runs on already)
+    # tests/test_contract.py runs on already)
     "fair": ["memory", "zookeeper", "postgres", "etcd"],
     "write": ["memory", "redis", "zookeeper", "postgres", "etcd"],
     "semaphore": ["memory", "redis", "zookeeper", "postgres", "etcd"],
@@ -88,3 +86,7 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     backend, shape = request.param.split("/")
     async with make_harness(request, backend) as inner:
         yield ShapedHarness(inner, shape)
+
+
+class TestContract(Contract):
+    """The conformance suite, on each (backend, primitive) pair of ``PAIRS``."""

@@ -12,17 +12,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import BackendUnavailable
 from .._options import query_names, reject_unknown
-from .._values import LockInfo
+from .._values import LockInfo, LossReason
 from ..abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem
 
-__all__ = ["MemoryBackend", "expire", "expire_all"]
+__all__ = ["Faults", "MemoryBackend", "expire", "expire_all", "lose_now"]
 
 
 @dataclass(slots=True)
@@ -30,7 +33,7 @@ class _Entry:
     owner: str
     count: int
     token: int
-    expires_at: float  # time.monotonic()
+    expires_at: float  # the loop's clock
 
 
 class _Table:
@@ -50,7 +53,7 @@ class _Table:
         return entry
 
     def try_acquire(self, key: str, hold: str, ttl: float) -> Acquired | Busy:
-        now = time.monotonic()
+        now = _clock()
         with self._mutex:
             entry = self._live(key, now)
             if entry is None:
@@ -62,7 +65,7 @@ class _Table:
             return Busy(entry.expires_at - now)
 
     def set_count(self, key: str, hold: str, count: int, ttl: float) -> bool:
-        now = time.monotonic()
+        now = _clock()
         with self._mutex:
             entry = self._live(key, now)
             if entry is None or entry.owner != hold:
@@ -72,7 +75,7 @@ class _Table:
             return True
 
     def renew(self, key: str, hold: str, ttl: float) -> bool:
-        now = time.monotonic()
+        now = _clock()
         with self._mutex:
             entry = self._live(key, now)
             if entry is None or entry.owner != hold:
@@ -81,7 +84,7 @@ class _Table:
             return True
 
     def release(self, key: str, hold: str) -> bool:
-        now = time.monotonic()
+        now = _clock()
         with self._mutex:
             entry = self._live(key, now)
             if entry is None or entry.owner != hold:
@@ -94,15 +97,20 @@ class _Table:
 
     def expire(self, key: str) -> bool:
         """Drop ``key`` as if its ttl had run out (no release notification)."""
+        return bool(self.take(key))
+
+    def take(self, key: str) -> list[str]:
+        """Drop ``key`` as if its ttl had run out; the hold it had (no release notification)."""
         with self._mutex:
-            return self._entries.pop(key, None) is not None
+            entry = self._entries.pop(key, None)
+        return [] if entry is None else [entry.owner]
 
     def info(self, key: str) -> _Entry | None:
         with self._mutex:
-            return self._live(key, time.monotonic())
+            return self._live(key, _clock())
 
     def held_keys(self) -> list[str]:
-        now = time.monotonic()
+        now = _clock()
         with self._mutex:
             return [key for key in list(self._entries) if self._live(key, now) is not None]
 
@@ -134,6 +142,14 @@ def _call(loop: asyncio.AbstractEventLoop, func: object, name: str) -> None:
 _TABLE = _Table()
 
 
+def _clock() -> float:
+    """The running loop's clock (``time.monotonic()`` on a standard loop; a test's virtual clock if it has one)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
 # -- queued primitives: fair lock, read-write lock, semaphore -------------------
 
 #: The table family of each queued kind: the two sides of a read-write lock share one resource.
@@ -145,7 +161,7 @@ class _Holder:
     mode: str
     count: int
     token: int
-    expires_at: float  # time.monotonic()
+    expires_at: float  # the loop's clock
 
 
 @dataclass(slots=True, eq=False)
@@ -156,7 +172,7 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     event: asyncio.Event
     token: int | None = None
-    granted_at: float = 0.0  # time.monotonic(), which is also the event loop's clock
+    granted_at: float = 0.0  # the loop's clock
 
 
 @dataclass(slots=True)
@@ -218,7 +234,7 @@ class _QueueTable:
 
     def try_enter(self, key: str, req: _Request, permits: int, wait: bool) -> int | None:
         """Take it now (the token), or queue ``req`` when ``wait`` (None: not granted yet)."""
-        now = time.monotonic()
+        now = _clock()
         with self._mutex:
             res = self._resource(key, permits)
             if res.permits != permits:
@@ -241,7 +257,7 @@ class _QueueTable:
 
     def poll(self, key: str, req: _Request, permits: int) -> tuple[int | None, float | None]:
         """(token if granted, seconds until the earliest holder expires)."""
-        now = time.monotonic()
+        now = _clock()
         with self._mutex:
             res = self._resources.get(key)
             if res is None:
@@ -260,11 +276,11 @@ class _QueueTable:
                 return req.token
             if req in res.queue:
                 res.queue.remove(req)
-            self._grant(key, res, time.monotonic(), permits)  # those behind it may go now
+            self._grant(key, res, _clock(), permits)  # those behind it may go now
             return req.token
 
     def update(self, key: str, hold: str, ttl: float, permits: int, count: int | None = None) -> bool:
-        now = time.monotonic()
+        now = _clock()
         with self._mutex:
             res = self._resources.get(key)
             if res is None:
@@ -284,29 +300,34 @@ class _QueueTable:
             if res is None:
                 return False
             found = res.holders.pop(hold, None) is not None
-            self._grant(key, res, time.monotonic(), permits)
+            self._grant(key, res, _clock(), permits)
             return found
 
     def expire(self, key: str) -> bool:
         """Drop every holder of ``key`` (no hand-over until someone looks again)."""
+        return bool(self.take(key))
+
+    def take(self, key: str) -> list[str]:
+        """Drop every holder of ``key`` (no hand-over until someone looks again); the holds it had."""
         with self._mutex:
             res = self._resources.get(key)
             if res is None or not res.holders:
-                return False
+                return []
+            holds = list(res.holders)
             res.holders.clear()
-            return True
+            return holds
 
     def snapshot(self, key: str, permits: int) -> tuple[list[tuple[str, _Holder]], int]:
         with self._mutex:
             res = self._resources.get(key)
             if res is None:
                 return [], 0
-            self._grant(key, res, time.monotonic(), permits)
+            self._grant(key, res, _clock(), permits)
             holders = sorted(res.holders.items(), key=lambda item: item[1].expires_at)
             return [(hold, _Holder(h.mode, h.count, h.token, h.expires_at)) for hold, h in holders], len(res.queue)
 
     def held_keys(self) -> list[str]:
-        now = time.monotonic()
+        now = _clock()
         with self._mutex:
             return [
                 key
@@ -349,6 +370,39 @@ def _queue_key(prefix: str, kind: str, name: str) -> str:
     return f"{prefix}:{name}#{kind}"
 
 
+def lose_now(name: str, *, prefix: str = "asynclock") -> bool:
+    """Take every primitive of ``name`` away from its holders and tell their clients at once.
+
+    Unlike :func:`expire` (found out at the next renewal), every client of
+    this process that held it loses the lease now: its bodies are cancelled
+    with ``LockLost``. Returns whether anything was held.
+    """
+    holds = _TABLE.take(f"{prefix}:{name}")
+    for family in ("fair", "rw", "semaphore"):
+        holds += _QUEUES.take(_queue_key(prefix, family, name))
+    if holds:
+        for backend in list(_BACKENDS):
+            backend._lost_here(holds, f"lost by the test (faults.lose({name!r}))")
+    return bool(holds)
+
+
+class Faults:
+    """What a test makes a ``memory://`` client suffer (``asynclock.testing.faults``)."""
+
+    __slots__ = ("delay", "stalled_until", "unavailable")
+
+    def __init__(self) -> None:
+        #: seconds every request takes
+        self.delay = 0.0
+        #: loop time until which renewals hang (inf: until restored)
+        self.stalled_until = 0.0
+        #: every request raises BackendUnavailable
+        self.unavailable = False
+
+
+_BACKENDS: weakref.WeakSet[MemoryBackend] = weakref.WeakSet()
+
+
 class MemoryBackend:
     """The in-process backend behind ``memory://``.
 
@@ -363,9 +417,60 @@ class MemoryBackend:
         self._prefix = prefix
         self._id = id(self)
         self._hooks: BackendHooks | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._subscribed: set[str] = set()
         # queued requests of this client, by hold id, until granted and waited for, or left
         self._requests: dict[str, _Request] = {}
+        self.faults = Faults()
+        self._faults_changed: asyncio.Event | None = None
+        _BACKENDS.add(self)
+
+    def faults_changed(self) -> None:
+        """The test changed ``faults``: requests that suffer them look again."""
+        changed, loop = self._faults_changed, self._loop
+        if changed is None or loop is None or loop.is_closed():
+            return
+        self._faults_changed = None  # the next wait waits for the next change
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            changed.set()
+        else:
+            loop.call_soon_threadsafe(changed.set)
+
+    async def _request(self, renewal: bool = False) -> None:
+        """Suffer the faults a test set: unavailable, a delay, hanging renewals."""
+        faults = self.faults
+        if faults.unavailable:
+            raise BackendUnavailable("memory:// is unavailable (a test's fault: faults.unavailable())")
+        if faults.delay:
+            await asyncio.sleep(faults.delay)
+        if renewal and faults.stalled_until:
+            loop = asyncio.get_running_loop()
+            while loop.time() < faults.stalled_until:
+                # Woken when the test changes the faults (it may restore them, or stall longer).
+                if self._faults_changed is None:
+                    self._faults_changed = asyncio.Event()
+                changed = self._faults_changed
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(faults.stalled_until if faults.stalled_until < math.inf else None):
+                        await changed.wait()
+            if faults.unavailable:
+                raise BackendUnavailable("memory:// is unavailable (a test's fault: faults.unavailable())")
+
+    def _lost_here(self, holds: list[str], reason: str) -> None:
+        hooks, loop = self._hooks, self._loop
+        if hooks is not None and loop is not None and not loop.is_closed():
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                hooks.lose(holds, reason, LossReason.TAKEN_OR_EXPIRED)
+            else:
+                loop.call_soon_threadsafe(hooks.lose, holds, reason, LossReason.TAKEN_OR_EXPIRED)
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> MemoryBackend:
@@ -386,8 +491,10 @@ class MemoryBackend:
 
     async def start(self, hooks: BackendHooks) -> None:
         self._hooks = hooks
+        self._loop = asyncio.get_running_loop()
 
     async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
+        await self._request()
         key = self.lock_key(ref)
         if ref.kind == "lock":
             return _TABLE.try_acquire(key, hold, ttl)
@@ -427,11 +534,13 @@ class MemoryBackend:
                     await req.event.wait()
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
+        await self._request()
         if ref.kind == "lock":
             return _TABLE.set_count(self.lock_key(ref), hold, count, ttl)
         return _QUEUES.update(self.lock_key(ref), hold, ttl, ref.permits, count)
 
     async def release(self, ref: LockRef, hold: str) -> bool:
+        await self._request()
         key = self.lock_key(ref)
         if ref.kind == "lock":
             return _TABLE.release(key, hold)
@@ -441,6 +550,7 @@ class MemoryBackend:
         return _QUEUES.release(key, hold, ref.permits)
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        await self._request(renewal=True)
         return [
             _TABLE.renew(self.lock_key(item.ref), item.hold, item.ttl)
             if item.ref.kind == "lock"
@@ -458,6 +568,7 @@ class MemoryBackend:
         _TABLE.unsubscribe(self.lock_key(LockRef("lock", name)), self._id)
 
     async def info(self, ref: LockRef) -> LockInfo:
+        await self._request()
         key = self.lock_key(ref)
         if ref.kind != "lock":
             holders, waiting = _QUEUES.snapshot(key, ref.permits)
@@ -469,7 +580,7 @@ class MemoryBackend:
                 key,
                 hold,
                 first.count,
-                max(0.0, first.expires_at - time.monotonic()),
+                max(0.0, first.expires_at - _clock()),
                 waiting,
                 first.token,
                 tuple(hold for hold, _ in holders),
@@ -478,7 +589,7 @@ class MemoryBackend:
         if entry is None:
             return LockInfo(ref.name, key, None, 0, None, None, None)
         return LockInfo(
-            ref.name, key, entry.owner, entry.count, max(0.0, entry.expires_at - time.monotonic()), None, entry.token
+            ref.name, key, entry.owner, entry.count, max(0.0, entry.expires_at - _clock()), None, entry.token
         )
 
     async def names(self) -> list[str]:

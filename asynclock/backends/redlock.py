@@ -423,6 +423,9 @@ class _DelayedWake:
     def lose(self, holds: Sequence[str] | None, reason: str, loss: LossReason = LossReason.CONNECTION_LOST) -> None:
         self._hooks.lose(holds, reason, loss)
 
+    def at_risk(self, holds: Sequence[str] | None, reason: str) -> None:
+        self._hooks.at_risk(holds, reason)
+
 
 class _ReleaseListener(_Listener):
     """The single-Redis listener, passing each message's releasing hold id on."""

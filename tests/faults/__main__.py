@@ -138,6 +138,7 @@ async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: st
         print("no scenario applies", file=sys.stderr)
         return 2
     total = Verdict()
+    stalled = Verdict()
     faults = 0
     runs = 0
     started = time.monotonic()
@@ -152,6 +153,8 @@ async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: st
                 runs += 1
                 faults += outcome.faults
                 total.merge(outcome.verdict)
+                if outcome.stalled:
+                    stalled.merge(outcome.verdict)
                 print(outcome.line(), flush=True)
                 for starved in outcome.verdict.starvation:
                     print(f"    starved (not fair, not a violation): {starved}", flush=True)
@@ -163,7 +166,8 @@ async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: st
         f"({total.sections} critical sections, {total.cancelled_ops} cancelled), {faults} faults injected, "
         f"{total.losses} leases lost, {total.overlaps_allowed} overlaps with a stale holder, "
         f"{total.refused} stale operations refused, {total.starved} waiters starved past the bound, "
-        f"{len(total.violations)} violations"
+        f"{len(total.violations)} violations; stalled renewals: {stalled.renewal_losses} leases lost, "
+        f"{stalled.unwarned} of them without an earlier at_risk"
     )
     return 1 if total.violations else 0
 

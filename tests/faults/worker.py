@@ -24,7 +24,15 @@ once, so a SIGKILL loses nothing already written:
 * ``{"ev": "stuck", "asked", "t", "what", "tasks"}`` for an acquire past its
   bound on a backend that does not queue waiters (the plain lock is not fair:
   the checker tells starvation from a lock that stood still);
+* ``{"ev": "at_risk", "t", "reason"}`` when a lease goes at risk (a renewal
+  failed or did not answer in time), once per streak;
+* ``{"ev": "lost", "t", "loss", "warned", "reason"}`` when a lease is lost;
+  ``warned``: whether it went at risk since it was acquired or last renewed;
 * ``{"ev": "done", "ops", "t"}``.
+
+On ``memory://`` the runner can also send ``stall <seconds>``: the worker
+stalls its own client's renewals for that long (asynclock.testing's fault
+controls; a memory:// lock table is this process's own).
 
 Times are ``time.monotonic()``: CLOCK_MONOTONIC is system-wide on Linux, so
 they compare across processes.
@@ -93,6 +101,8 @@ class Journal:
         self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
     def write(self, **event: Any) -> None:
+        if self._file.closed:
+            return  # (an event delivered while the client closed, after the run)
         self._file.write(json.dumps(event) + "\n")
         self._file.flush()
 
@@ -110,11 +120,16 @@ class Worker:
         self.stop = asyncio.Event()
         #: tries, answers and wake-ups of this client (Redis only; for the report of a stuck acquire)
         self.counts: dict[str, int] = {}
+        self.locks: asynclock.Locks | None = None
+        #: whether the lease held now went at risk since it was acquired or last renewed
+        self.at_risk = False
 
     async def run(self) -> None:
         config = self.config
         store = FencedStore(config.store_url, config.store_prefix)
-        locks = asynclock.connect(config.url, ttl=config.ttl, prefix=config.prefix)
+        locks = self.locks = asynclock.connect(
+            config.url, ttl=config.ttl, prefix=config.prefix, on_event=self._on_event
+        )
         try:
             async with locks:
                 lock = locks.lock(config.name)
@@ -133,6 +148,25 @@ class Worker:
             await store.aclose()
             self.journal.close()
 
+    def _on_event(self, event: asynclock.LockEvent) -> None:
+        """Journal when a lease goes at risk, and each loss with whether it went at risk first."""
+        if event.kind in ("acquired", "renewed"):
+            self.at_risk = False
+        elif event.kind == "at_risk":
+            if not self.at_risk:
+                self.journal.write(ev="at_risk", t=time.monotonic(), reason=event.reason)
+            self.at_risk = True
+        elif event.kind == "lost":
+            loss = None if event.loss is None else str(event.loss)
+            self.journal.write(ev="lost", t=time.monotonic(), loss=loss, warned=self.at_risk, reason=event.reason)
+            self.at_risk = False
+
+    def _stall(self, seconds: float) -> None:
+        from asynclock.testing import faults
+
+        assert self.locks is not None
+        faults(self.locks).stall_renewals(seconds)
+
     async def _wait_for_go(self) -> None:
         loop = asyncio.get_running_loop()
         go = asyncio.Event()
@@ -144,6 +178,8 @@ class Worker:
                     loop.call_soon_threadsafe(go.set)
                 elif word == "stop":
                     loop.call_soon_threadsafe(self.stop.set)
+                elif word.startswith("stall "):
+                    loop.call_soon_threadsafe(self._stall, float(word.split()[1]))
             loop.call_soon_threadsafe(go.set)
             loop.call_soon_threadsafe(self.stop.set)
 
@@ -182,7 +218,7 @@ class Worker:
             seen = f"info failed: {exc!r}"
         what = f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}; phase {stuck_in}"
         what += f"; meanwhile this client counted {meanwhile}"
-        if stuck_in != "release" and not locks._backend._adapter(LockRef("lock", "")).queues_waiters:
+        if stuck_in != "release" and not _plain_lock_queues(locks):
             # The plain lock is not fair here (Redis Cluster, Redlock, memory):
             # a waiter may lose every race for it.
             # The checker decides (from the others' sections meanwhile) whether
@@ -348,3 +384,11 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def _plain_lock_queues(locks: asynclock.Locks) -> bool:
+    """Whether the server queues the plain lock's waiters (then it is fair, and a stuck waiter is a violation)."""
+    adapter = getattr(locks._backend, "_adapter", None)
+    if adapter is not None:  # a backend served through the adapter-per-primitive protocol
+        return bool(adapter(LockRef("lock", "")).queues_waiters)
+    return not locks._notifies  # a backend that answers Busy races its waiters
