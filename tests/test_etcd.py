@@ -286,8 +286,13 @@ async def test_a_create_sent_before_its_acquire_was_cancelled_leaves_no_key(etcd
                 await task
             etcd_fresh.resume()
             theirs = await other.lock("late").acquire(timeout=scaled(10))
-            keys = [kv.key.decode() for kv in await admin.keys(lock.key + "/")]
-            assert keys == [f"{lock.key}/{backend(other).lease_id:x}"]
+            # (etcd, resumed, may apply the late create after the other client's, which
+            # then holds at once: the late key goes a moment later)
+            async with asyncio.timeout(scaled(5)):
+                while [kv.key.decode() for kv in await admin.keys(lock.key + "/")] != [
+                    f"{lock.key}/{backend(other).lease_id:x}"
+                ]:
+                    await asyncio.sleep(0.01)
             await theirs.release()
         finally:
             etcd_fresh.resume()
