@@ -429,5 +429,6 @@ class EtcdBackend:
             self._held.discard(node)
         lost = [node.hold for node in gone]
         if lost and self._hooks is not None:
-            loss = LossReason.TAKEN_OR_EXPIRED if expired else LossReason.RENEWAL_FAILED
+            # what carried the holds ended (etcd says so), or was not confirmed by their deadline
+            loss = LossReason.CONNECTION_LOST if expired else LossReason.RENEWAL_FAILED
             self._hooks.lose(lost, f"the etcd lease was lost: {reason}", loss)
