@@ -243,24 +243,33 @@ class LeaseKeeper:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
 
-    async def _renew_and_apply(self, group: list[Lease], sent: float, last_try: bool = False) -> None:
+    async def _renew_and_apply(self, group: list[Lease], sent: float) -> None:
         loop = asyncio.get_running_loop()
         earliest = min(lease._expires_at for lease in group)
-        # A call gets half the time left. Unanswered by then, its leases are at
-        # risk and are tried again: apart, in halves, if there are several (one
-        # hold's renewal may hang on one stuck connection among a backend's
-        # many), or with the rest of the time if there is one.
-        results, expired = await self._renew_group(group, earliest if last_try else sent + (earliest - sent) / 2)
-        if expired and not last_try:
-            now = loop.time()
-            live = [lease for lease in group if self._leases.get(lease._hold) is lease]
-            for lease in live:
-                if lease._mark_at_risk("a renewal did not answer within half the time left"):
-                    self._on_at_risk(lease, lease._at_risk or "")
-            middle = len(live) // 2
-            halves = [live] if len(live) == 1 else [live[:middle], live[middle:]]
-            await asyncio.gather(*(self._renew_and_apply(half, now, len(half) == 1) for half in halves if half))
-            return
+        half = sent + (earliest - sent) / 2
+        if len(group) == 1:
+            # One hold: its request may take until the deadline (cutting a slow
+            # answer short would only cost a reconnect); unanswered by half the
+            # time left, the lease is at risk meanwhile.
+            warning = loop.call_at(half, self._unanswered, group)
+            try:
+                results, _ = await self._renew_group(group, earliest)
+            finally:
+                warning.cancel()
+        else:
+            # Several holds get half the time left: if one hold's renewal hangs
+            # (one stuck connection among a backend's many), the others are at
+            # risk and are tried again apart, in halves, before their deadlines.
+            results, expired = await self._renew_group(group, half)
+            if expired:
+                now = loop.time()
+                live = [lease for lease in group if self._leases.get(lease._hold) is lease]
+                self._unanswered(live)
+                middle = len(live) // 2
+                await asyncio.gather(
+                    *(self._renew_and_apply(part, now) for part in (live[:middle], live[middle:]) if part)
+                )
+                return
         now = loop.time()
         renewed: dict[float, list[Lease]] = {}  # by ttl: the leases that share a due time and a deadline now
         guarded: set[float] = set()  # ttls of those with a body under them
@@ -301,6 +310,14 @@ class LeaseKeeper:
                 logger.debug("renewed %d leases until %.3f", len(leases), first._expires_at)
         for lease in retry:
             self._schedule([lease], lease._next_due, lease._expires_at, guarded=bool(lease._scopes))
+
+    def _unanswered(self, group: list[Lease]) -> None:
+        """A renewal of ``group`` has not answered within half the time left: its leases are at risk."""
+        for lease in group:
+            if self._leases.get(lease._hold) is lease and lease._mark_at_risk(
+                "a renewal did not answer within half the time left"
+            ):
+                self._on_at_risk(lease, lease._at_risk or "")
 
     async def _renew_group(self, group: list[Lease], bound: float) -> tuple[list[bool | BaseException], bool]:
         """One renew call for ``group``, bounded by ``bound``: (results, whether the bound fired)."""
