@@ -815,3 +815,35 @@ async def test_a_server_restart_between_acquire_and_release() -> None:
     finally:
         server.stop()
         server.cleanup()
+
+
+async def test_a_lock_timeout_after_the_grant_gives_the_advisory_lock_back(pg: PostgresHarness) -> None:
+    """``lock_timeout`` can end the acquire statement *after* the advisory lock was granted.
+
+    The statement takes the lock first and then upserts the fence counter; if
+    that row is locked (an application's ``SELECT ... FOR UPDATE`` on the
+    table, a client with another prefix sharing the table), the row-lock wait
+    hits ``lock_timeout``. The session-level advisory lock survives the
+    statement's error, so it must be unlocked before the connection goes back
+    to the pool, or the name stays locked for as long as that pooled
+    connection lives.
+    """
+    locks = pg.connect(ttl=TTL)
+    other = pg.connect(ttl=TTL)
+    async with locks.lock("row"):
+        pass  # the fence row exists now
+    admin = await pg.admin()
+    table = f'"{pg.prefix}_fence"'
+    tx = admin.transaction()
+    await tx.start()
+    try:
+        await admin.execute(f"SELECT value FROM {table} WHERE name = $1 FOR UPDATE", b"row")
+        with pytest.raises(LockTimeout):
+            await locks.lock("row").acquire(timeout=scaled(0.3))
+    finally:
+        await tx.rollback()
+    # nothing of the timed-out attempt is still granted, to anybody
+    assert await pg.holder_pid("row") is None
+    async with asyncio.timeout(scaled(5)):
+        async with other.lock("row") as lease:
+            assert lease.token == 2

@@ -18,7 +18,7 @@ import shutil
 import struct
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -1071,3 +1071,49 @@ async def test_ensemble_survives_repeated_leader_kills_without_overlap(ensemble:
             await locks.aclose()
     assert overlaps == 0
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = scaled(10)) -> None:
+    """Wait (bounded) until ``await check()`` is true."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not await check():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting until {what}") from None
+
+
+async def test_a_queued_wait_that_loses_the_server_ends_unavailable_and_its_node_goes_later(
+    zk: ZooKeeperHarness, proxy: TcpProxy
+) -> None:
+    """A waiter whose node is queued, cut off from the server, ends with BackendUnavailable at its timeout.
+
+    Leaving the queue while disconnected cannot delete the node now; that is
+    the background clean-up's job once the connection is back. Waiting for it
+    (up to a session timeout) made the acquire overrun its timeout until the
+    front's outer bound cut it, which then reported a plain LockTimeout.
+    """
+    holder = zk.connect(ttl=scaled(2))
+    waiter = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(6), prefix=zk.prefix)
+    async with waiter:
+        await holder.lock("gone").acquire()
+        key = holder.lock("gone").key
+        admin = await zk.admin()
+        task = asyncio.create_task(waiter.lock("gone").acquire(timeout=scaled(1)))
+
+        async def queued() -> bool:
+            return len(await admin.contenders(key)) == 2
+
+        await until(queued, "the waiter's node queued")
+        proxy.refuse(True)
+        proxy.reset()
+        with pytest.raises(BackendUnavailable):
+            await asyncio.wait_for(task, scaled(10))
+        proxy.refuse(False)
+
+        async def cleaned() -> bool:
+            return len(await admin.contenders(key)) == 1
+
+        # the node is deleted once the (still live) session is connected again
+        await until(cleaned, "the waiter's node deleted after the reconnect")
+        await holder.lock("gone").release()

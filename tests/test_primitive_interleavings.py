@@ -1,9 +1,7 @@
-"""Adversarial checks of the fair lock, read-write lock and semaphore: the
-interleavings the other suites do not try (loss under a joined read,
-cancellation at each step of a queued acquire, timeouts racing a hand-over,
-clients with different views of one name). Five of them showed defects,
-fixed since: the two joined-read tests, the fair/plain re-entry, the hanging
-renewal of one primitive, and one stuck hold among several renewed together.
+"""Interleavings of the fair lock, read-write lock and semaphore that the
+other suites do not try: loss under a joined read, cancellation at each step
+of a queued acquire, timeouts racing a hand-over, clients with different
+views of one name, one primitive's renewals failing or hanging among others.
 """
 
 from __future__ import annotations
