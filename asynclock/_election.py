@@ -15,6 +15,7 @@ What only an election has: the identity kept with the hold, ``leader()`` and
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import time
@@ -25,10 +26,11 @@ from typing import TYPE_CHECKING, cast
 
 import anyio
 
-from ._errors import ConfigurationError, LockError, LockLost, NotHeld, unavailable
+from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, NotHeld, unavailable
 from ._lease import Lease
 from ._lock import Lock
 from ._owner import current_owner
+from ._release import release_by_identity
 from ._timing import Backoff, request_window
 from ._validate import check_timeout
 from ._values import Leader, LockInfo, LossReason
@@ -36,6 +38,8 @@ from .abc import Elects, LeaderWatch, LockRef, unsupported
 
 if TYPE_CHECKING:
     from ._client import Locks
+
+logger = logging.getLogger("asynclock")
 
 __all__ = ["Election", "Term", "check_identity", "default_identity"]
 
@@ -167,10 +171,14 @@ class Election:
     async def resign(self) -> None:
         """End this candidate's term and let the next candidate lead.
 
-        Ends the term of the current task, or, called from a task that does
-        not lead, every term entered through this handle. The term's body is
-        cancelled and its ``async with`` ends without an exception; called
-        from inside that body, this call does not return: the body ends here.
+        Called inside the body of ``async with election.leadership()``, it
+        does not return: the body is cancelled there, its ``finally`` blocks
+        run while it still leads, and leaving the ``async with`` (which raises
+        nothing) hands leadership over. Called from another task, it ends
+        every term entered through this handle: the release is sent at once
+        and those bodies are cancelled (their ``finally`` blocks then run
+        after leadership has passed, as after ``lease.release()`` from
+        another task), and their ``async with`` raise nothing either.
         Leadership passes as soon as the server has the release (one
         hand-over: the next candidate is woken by the server, not by a timer).
 
@@ -190,10 +198,15 @@ class Election:
         inside = False
         for lease in targets:
             scopes = list(lease._scopes)
-            inside = inside or (lease.owner == me and bool(scopes))
             if lease._check_deadline() or lease.lost:
                 raise LockLost(self.name, lease.lost_reason or "lost", lease._loss)
             self._resigned.add(lease._hold)
+            if lease.owner == me and scopes:
+                # This very body: it ends here, and its async with releases the hold once it has unwound.
+                inside = True
+                for scope in scopes:
+                    scope.cancel()
+                continue
             try:
                 await locks._release_lease(lease)
             except NotHeld as exc:
@@ -263,6 +276,20 @@ class _Candidacy(Lock):
         # One hold per task whatever the identity: a task leads once.
         self._key = election._ref
 
+    async def _resigned_exit(self, lease: Lease) -> None:
+        """Leaving a body whose term was resigned: give the whole term back now (if resign() has not)."""
+        if not lease._held or lease.lost:
+            return
+        locks = self._locks
+        try:
+            await locks._release_lease(lease)
+        except NotHeld:
+            pass  # lost while the body unwound: the term is over either way
+        except BackendUnavailable as err:
+            # Nobody renews it any more: it expires by itself.
+            logger.warning("release of election %r failed, it will expire by itself: %r", self.name, err)
+            locks._spawn(release_by_identity(locks._backend, lease, raise_errors=False))
+
     def __repr__(self) -> str:
         return f"<Candidacy {self.name!r} identity={self._ref.identity!r}>"
 
@@ -279,11 +306,15 @@ class _Candidacy(Lock):
         if not stack:
             del self._scopes[owner]
         lease._scopes.remove(scope)
-        if not lease._scopes:
-            resigned.discard(lease._hold)
         # resign() cancelled this body on purpose: the block ends quietly
         # (an exception of the body's own still propagates).
-        return bool(scope.__exit__(exc_type, exc, tb))
+        swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        try:
+            await self._resigned_exit(lease)
+        finally:
+            if not lease._scopes:
+                resigned.discard(lease._hold)
+        return swallowed
 
 
 class _Leadership:

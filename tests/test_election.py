@@ -119,6 +119,28 @@ async def test_a_resign_hands_leadership_over_at_once_not_after_a_ttl(mem: Memor
     await asyncio.gather(leader.task, waiting.task)
 
 
+async def test_a_body_unwinds_while_it_still_leads_after_resigning_inside(mem: MemoryHarness) -> None:
+    """resign() inside the body ends it there; its finally blocks still run as the leader,
+    and leadership passes when the async with is left."""
+    a, b = mem.connect(ttl=scaled(10)), mem.connect(ttl=scaled(10))
+    election = a.election("e", identity="a")
+    seen_in_finally: list[str | None] = []
+    async with election.leadership():
+        waiting = Candidate(b.election("e", identity="b"))
+        await asyncio.sleep(0.02)
+        try:
+            await election.resign()
+        finally:
+            leader = await b.election("e").leader()
+            seen_in_finally.append(None if leader is None else leader.identity)
+            await asyncio.sleep(0.02)
+            assert not waiting.led.is_set()
+    assert seen_in_finally == ["a"]
+    await waiting.leads(within=PROMPT)
+    waiting.go.set()
+    await waiting.task
+
+
 async def test_resign_from_another_task_cancels_the_body_and_ends_the_block_quietly(mem: MemoryHarness) -> None:
     locks = mem.connect(ttl=TTL)
     election = locks.election("e", identity="x")
