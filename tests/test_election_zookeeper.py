@@ -74,9 +74,9 @@ async def test_a_candidate_is_a_curator_latch_node_holding_its_identity(zk: ZooK
         assert seen == asynclock.Leader("replica-7 ✓", term.token, None)
         info = await other.election("scheduler").info()
         assert (info.owner, info.token, info.waiters) == ("replica-7 ✓", term.token, 0)
-        # a lock of the same name is another znode
+        # a lock of the same name is another znode, and elections are not listed as locks
         async with other.lock("scheduler"):
-            pass
+            assert await other.backend.names() == ["scheduler"]
     assert await contenders(zk, election) == []
     assert await other.election("scheduler").leader() is None
 
