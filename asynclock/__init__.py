@@ -2,6 +2,8 @@
 
 from ._client import Locks as Locks
 from ._connect import connect as connect
+from ._election import Election as Election
+from ._election import Term as Term
 from ._errors import BackendUnavailable as BackendUnavailable
 from ._errors import ConfigurationError as ConfigurationError
 from ._errors import LockError as LockError
@@ -14,6 +16,9 @@ from ._lock import ReadLock as ReadLock
 from ._lock import RWLock as RWLock
 from ._lock import Semaphore as Semaphore
 from ._lock import WriteLock as WriteLock
+from ._singleton import JobRun as JobRun
+from ._singleton import Singleton as Singleton
+from ._values import Leader as Leader
 from ._values import LockEvent as LockEvent
 from ._values import LockInfo as LockInfo
 from ._values import LossReason as LossReason
@@ -32,6 +37,9 @@ def _present_as_public() -> None:
 __all__ = [
     "BackendUnavailable",
     "ConfigurationError",
+    "Election",
+    "JobRun",
+    "Leader",
     "Lease",
     "Lock",
     "LockError",
@@ -45,6 +53,8 @@ __all__ = [
     "RWLock",
     "ReadLock",
     "Semaphore",
+    "Singleton",
+    "Term",
     "WriteLock",
     "__version__",
     "connect",

@@ -10,9 +10,9 @@ import functools
 import itertools
 import logging
 import secrets
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from ._errors import NotHeld
 from ._keeper import LeaseKeeper
@@ -27,13 +27,18 @@ from ._wake import WakeHub
 from .abc import Backend, LockRef, Notifies
 
 if TYPE_CHECKING:
+    from ._election import Election
     from ._lock import Lock, RWLock, Semaphore
+    from ._singleton import Singleton
 
 __all__ = ["EventCallback", "Locks"]
 
 logger = logging.getLogger("asynclock")
 
 EventCallback = Callable[[LockEvent], object]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: What every call on a closed client raises.
 CLIENT_CLOSED = "client is closed"
@@ -77,6 +82,8 @@ class Locks:
         self._waits: dict[asyncio.Task[Any], bool] = {}
         self._waits_ended: asyncio.Event | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        # loop timers of what is due later (the end of a singleton job's at_least)
+        self._timers: set[asyncio.TimerHandle] = set()
         self._hold_seq = itertools.count(1)
         self._keeper: LeaseKeeper | None = None
         self._hub: WakeHub | None = None
@@ -148,6 +155,42 @@ class Locks:
             raise ValueError(f"permits must be between 1 and 100000, got {permits}")
         return Semaphore(self, check_name(name), self._check_ttl(ttl), permits)
 
+    def election(self, name: str, *, identity: str | None = None, ttl: float | None = None) -> Election:
+        """A leader election among every client that names it; cheap, no I/O.
+
+        ``identity`` is what ``leader()``, ``observe()`` and ``asynclock
+        inspect`` show for this candidate (default: ``host:pid:task`` of the
+        task that enters ``leadership()``); ``ttl`` the lease time of a
+        term. Raises NotImplementedError when the backend has no elections,
+        TypeError / ValueError for a bad name, identity or ttl.
+        """
+        from ._election import Election
+
+        self._check_open()
+        return Election(self, check_name(name), identity, self._check_ttl(ttl))
+
+    def singleton(
+        self, name: str, *, at_most: float, at_least: float = 0.0, ttl: float | None = None
+    ) -> Callable[[Callable[P, Awaitable[R]]], Singleton[P, R]]:
+        """A decorator: the async function runs on one replica at a time, at most once per ``at_least`` seconds.
+
+        Calling the decorated function runs it here, unless another replica
+        runs it or started it less than ``at_least`` seconds ago (it returns
+        None then); ``at_most`` cancels a run that lasts longer. The job holds
+        the lock ``name`` (``locks.lock(name)`` is that lock). See
+        :class:`~asynclock.Singleton`. Raises TypeError / ValueError for bad
+        arguments (``at_least`` above ``at_most`` too), before any I/O.
+
+        Example::
+
+            @locks.singleton("nightly-report", at_most=600, at_least=60)
+            async def nightly_report() -> None: ...
+        """
+        from ._singleton import make_singleton
+
+        self._check_open()
+        return make_singleton(self, name, at_most, at_least, ttl)
+
     async def __aenter__(self) -> Locks:
         try:
             await self._ensure_started()
@@ -167,6 +210,9 @@ class Locks:
         if self._closed:
             return
         self._closed = True
+        for timer in self._timers:
+            timer.cancel()  # what they were due to release is released below
+        self._timers.clear()
         if self._hub is not None:
             self._hub.wake_all()  # waiting acquires of other tasks see the client closed
         waiting = list(self._waits)
@@ -176,9 +222,14 @@ class Locks:
         if self._keeper is not None:
             leases = self._keeper.holds()
             me = current_owner()
+            now = asyncio.get_running_loop().time()
             for lease in leases:
                 self._keeper.remove(lease)
                 self._forget(lease)
+            # A singleton job's lock stays held until its at_least has passed: its last
+            # renewal made the server's hold last that long (a session's ends with it).
+            leases = [lease for lease in leases if lease._hold_until is None or lease._hold_until <= now]
+            for lease in leases:
                 # Like a loss: every body under it is cancelled before the
                 # release below lets anybody else in.
                 lease._close("the client was closed while the lock was held", spare_owner=me)
@@ -264,6 +315,16 @@ class Locks:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+    def _later(self, when: float, callback: Callable[[], object]) -> None:
+        """Call ``callback`` at the loop time ``when``, unless the client is closed first."""
+
+        def fire() -> None:
+            self._timers.discard(handle)
+            callback()
+
+        handle = asyncio.get_running_loop().call_at(when, fire)
+        self._timers.add(handle)
 
     def _forget(self, lease: Lease) -> None:
         task, done = lease._owner_task, lease._owner_done

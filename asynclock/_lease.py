@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ._timing import RETRY_FIRST, drift
+from ._timing import RETRY_FIRST, drift, request_window
 from ._values import LossReason
 from .abc import RenewItem
 
@@ -59,6 +59,7 @@ class Lease:
         "_cohort",
         "_expires_at",
         "_hold",
+        "_hold_until",
         "_key",
         "_last_error",
         "_lease_time",
@@ -123,6 +124,9 @@ class Lease:
         # the keeper's cohort this lease is renewed with, and what it asks the backend
         self._cohort: Any = None
         self._renewal: RenewItem | None = None
+        # loop time until which each renewal makes the server keep the hold, and no longer
+        # (a singleton job's at_least: held then even if this process dies or closes the client)
+        self._hold_until: float | None = None
         # The task that owns the hold, while it is watched for ending still holding it.
         self._owner_task: asyncio.Task[Any] | None = None
         self._owner_done: Callable[[asyncio.Task[Any]], None] | None = None
@@ -243,7 +247,14 @@ class Lease:
         return True
 
     def _renew_item(self) -> RenewItem:
-        """What the keeper asks the backend to renew (made once)."""
+        """What the keeper asks the backend to renew (made once, unless the hold must end at ``_hold_until``).
+
+        Until ``_hold_until`` the server keeps the hold to that time plus a
+        request window (the client releases it then, so that is never cut short).
+        """
+        if self._hold_until is not None:
+            left = max(0.0, self._hold_until - _now())
+            return RenewItem(self._ref, self._hold, left + request_window(self._lease_time))
         item = self._renewal
         if item is None:
             item = self._renewal = RenewItem(self._ref, self._hold, self._ttl)

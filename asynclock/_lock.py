@@ -159,6 +159,11 @@ class Lock:
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
+        self._enter_body(lease)
+        return lease
+
+    def _enter_body(self, lease: Lease) -> None:
+        """A body starts under ``lease``: it runs in a cancel scope that the lease's loss cancels."""
         # No deadline of its own: the keeper cancels it when the lease is lost,
         # at its deadline at the latest (a loop timer, while a body runs under it).
         scope = anyio.CancelScope()
@@ -168,7 +173,6 @@ class Lock:
         keeper = self._locks._keeper
         if keeper is not None:
             keeper.guard(lease)
-        return lease
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
-EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned", "at_risk"]
+EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned", "at_risk", "ran", "skipped"]
 
 
 class LossReason(enum.StrEnum):
@@ -67,6 +67,11 @@ class LockEvent:
     and ``at_risk`` (a renewal failed, the lease is not lost yet), and ``loss``
     (a :class:`LossReason`) for ``lost``.
 
+    A singleton job (``locks.singleton``) reports each call: ``ran`` when it
+    ran here (``held_s``: how long the job took; ``reason``: why it did not
+    finish, if it raised or was cut off by ``at_most``), ``skipped`` when
+    another replica runs it or started it less than ``at_least`` seconds ago.
+
     Example::
 
         def on_event(event: asynclock.LockEvent) -> None:
@@ -77,7 +82,8 @@ class LockEvent:
     """
 
     kind: EventKind
-    """What happened: acquired, released, renewed, lost, timeout, abandoned or at_risk."""
+    """What happened: acquired, released, renewed, lost, timeout, abandoned or at_risk;
+    ran or skipped for a singleton job."""
     name: str
     """The lock's name."""
     owner: str
@@ -87,8 +93,25 @@ class LockEvent:
     wait_s: float | None = None
     """Seconds from calling ``acquire`` to holding, or to timing out."""
     held_s: float | None = None
-    """Seconds from holding to the release, loss or abandonment."""
+    """Seconds from holding to the release, loss or abandonment (for ``ran``: how long the job took)."""
     reason: str | None = None
-    """Why a lease was lost or is at risk, in words."""
+    """Why a lease was lost or is at risk (or why a job that ran did not finish), in words."""
     loss: LossReason | None = None
     """Why a lease was lost, in a word."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """Who leads an election now, as ``await election.leader()`` and ``election.observe()`` give it.
+
+    Two values are equal when they describe the same term.
+    """
+
+    identity: str
+    """The leader's identity (the ``identity=`` of its ``locks.election(...)``, by default ``host:pid:task``;
+    a Curator LeaderLatch's participant id on ZooKeeper)."""
+    token: int | None
+    """The fencing token of its term: strictly greater than every earlier term's of that election."""
+    since: float | None
+    """When the term began, in seconds since the epoch by the server's (memory: this process's) clock;
+    None where the backend keeps no record of it (ZooKeeper)."""

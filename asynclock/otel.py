@@ -15,7 +15,11 @@ Records, per lock name (attribute ``lock.name``, leave it out with
   ended still holding them) (counters);
 * ``asynclock.wait.duration`` (seconds from calling acquire to holding, or
   to timing out) and ``asynclock.hold.duration`` (seconds from holding to
-  release or loss) (histograms).
+  release or loss) (histograms);
+* for singleton jobs (``locks.singleton``): ``asynclock.jobs.ran`` (with an
+  ``outcome`` attribute: ``ok``, or ``failed`` when the job raised, was cut
+  off by ``at_most`` or lost its lock) and ``asynclock.jobs.skipped``
+  (counters), and ``asynclock.job.duration`` (seconds a run took; histogram).
 """
 
 from __future__ import annotations
@@ -54,6 +58,11 @@ class OtelMetrics:
         self._hold = meter.create_histogram(
             "asynclock.hold.duration", unit="s", description="time from holding to release or loss"
         )
+        self._ran = meter.create_counter("asynclock.jobs.ran", unit="1", description="singleton job runs")
+        self._skipped = meter.create_counter(
+            "asynclock.jobs.skipped", unit="1", description="singleton job calls skipped: it ran or runs elsewhere"
+        )
+        self._job = meter.create_histogram("asynclock.job.duration", unit="s", description="time a job run took")
 
     def __call__(self, event: LockEvent) -> None:
         attributes = {"lock.name": event.name} if self._by_name else {}
@@ -77,3 +86,9 @@ class OtelMetrics:
             self._abandoned.add(1, attributes)
             if event.held_s is not None:
                 self._hold.record(event.held_s, attributes)
+        elif event.kind == "ran":
+            self._ran.add(1, {**attributes, "outcome": "ok" if event.reason is None else "failed"})
+            if event.held_s is not None:
+                self._job.record(event.held_s, attributes)
+        elif event.kind == "skipped":
+            self._skipped.add(1, attributes)

@@ -37,7 +37,7 @@ from .workload import (
 )
 
 BACKENDS = ["memory", "redis", "zookeeper", "postgres", "etcd"]
-SCENARIOS = ["uncontended", "contended", "herd", "watchdog", "connections"]
+SCENARIOS = ["uncontended", "contended", "herd", "watchdog", "connections", "election"]
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,12 @@ class Plan:
     watchdog_ttl: float
     watchdog_periods: int
     repeats: int  # contended runs per subject, in passes over all subjects; the best by throughput is kept
+    terms: int  # leader hand-overs measured per backend and ttl
+    election_ttls: tuple[float, ...]
 
 
-FULL = Plan(2000, 5, 50, 8, 4, 2.5, 0.001, (8, 64), 1.5, (1000, 10000), 3.0, 3, 2)
-QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2, 1)
+FULL = Plan(2000, 5, 50, 8, 4, 2.5, 0.001, (8, 64), 1.5, (1000, 10000), 3.0, 3, 2, 200, (2.0, 10.0))
+QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2, 1, 20, (2.0,))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             results["watchdog"] = asyncio.run(watchdog(runnable, servers, plan, results["skipped"]))
         if "connections" in args.scenarios:
             results["connections"] = asyncio.run(connections(runnable, servers, results["skipped"]))
+        if "election" in args.scenarios:
+            results["election"] = asyncio.run(election(servers, plan, results["skipped"]))
     results["load_avg_end"] = os.getloadavg()
     results["targets"] = report.targets(results)
     out = Path(args.out)
@@ -429,6 +433,75 @@ async def connections(subjects: list[Subject], servers: Servers, skipped: dict[s
         skipped["connections:asynclock-postgres"] = f"failed: {exc!r}"[:200]
         log(f"connections failed: {exc!r}")
     return out
+
+
+#: Candidates taking turns in the hand-over scenario, each with a client (a session) of its own.
+CANDIDATES = 3
+
+
+async def election(servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:
+    """Leader hand-over: how long after a leader's resign the next candidate's term starts, per ttl."""
+    import asynclock
+
+    out: dict[str, Any] = {}
+    for backend, url in servers.urls.items():
+        probe = asynclock.connect(url)
+        try:
+            probe.election("probe")
+        except NotImplementedError:
+            out[f"asynclock-{backend}"] = {"elections": False}
+            continue
+        finally:
+            await probe.aclose()
+        for ttl in plan.election_ttls:
+            key = f"asynclock-{backend}:{ttl:g}"
+            log(f"election: {key}, {plan.terms} hand-overs between {CANDIDATES} candidates")
+            try:
+                out[key] = await _handovers(asynclock, url, ttl, plan)
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                skipped[f"election:{key}"] = f"failed: {exc!r}"[:200]
+                log(f"election {key} failed: {exc!r}")
+    return out
+
+
+async def _handovers(asynclock: Any, url: str, ttl: float, plan: Plan) -> dict[str, Any]:
+    """Candidates lead in turn, each for ``plan.hold`` seconds, then resign: the resign-to-start gaps."""
+    starts: list[float] = []
+    resigns: list[float] = []
+    enough = asyncio.Event()
+    clients = [asynclock.connect(url, ttl=ttl, prefix=f"handover{int(ttl * 1000)}") for _ in range(CANDIDATES)]
+    async with contextlib.AsyncExitStack() as stack:
+        for locks in clients:
+            await stack.enter_async_context(locks)
+
+        async def candidate(index: int) -> None:
+            election = clients[index].election("bench", identity=f"candidate-{index}")
+            while not enough.is_set():
+                async with election.leadership():
+                    starts.append(time.monotonic())
+                    await asyncio.sleep(plan.hold)
+                    if len(starts) > plan.terms:
+                        enough.set()
+                    resigns.append(time.monotonic())
+                    await election.resign()
+
+        tasks = [asyncio.create_task(candidate(index)) for index in range(CANDIDATES)]
+        try:
+            async with asyncio.timeout(60 + plan.terms):
+                await enough.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    gaps = [(start - resigned) * 1000 for resigned, start in zip(resigns, starts[1:], strict=False)]
+    p99 = percentile(gaps, 99)
+    return {
+        "ttl": ttl,
+        "handovers": len(gaps),
+        "median_ms": statistics.median(gaps),
+        "p99_ms": p99,
+        "p99_share_of_ttl": p99 / 1000 / ttl,
+    }
 
 
 async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:

@@ -225,6 +225,25 @@ def markdown(results: dict[str, Any]) -> str:
             row = conns["wait_one"]
             lines.append(f"| wait for one held lock | {row['waiters']} | {row['queued']} | {row['connections']} |")
         lines.append("")
+    handovers = results.get("election")
+    if handovers:
+        lines += [
+            "**8. Leader hand-over** (3 candidates with a client each take turns: each leads 1 ms, then"
+            " resigns; from the resign to the next leader's start)",
+            "",
+            "| backend | ttl s | hand-overs | median ms | p99 ms | p99 / ttl |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for key, row in handovers.items():
+            if not row.get("elections", True):
+                lines.append(f"| {_label(key)} | - | - | - | - | no leader election on this backend yet |")
+                continue
+            subject, _ = key.split(":")
+            lines.append(
+                f"| {_label(subject)} | {row['ttl']:g} | {row['handovers']} | {_f(row['median_ms'])} | "
+                f"{_f(row['p99_ms'])} | {_f(row['p99_share_of_ttl'] * 100, 2, '%')} |"
+            )
+        lines.append("")
     checks = results.get("targets") or []
     if checks:
         lines += [

@@ -35,7 +35,14 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    for heading in ("Uncontended acquire+release", "Contended handoff", "Herd", "Watchdog scale", "Targets"):
+    for heading in (
+        "Uncontended acquire+release",
+        "Contended handoff",
+        "Herd",
+        "Watchdog scale",
+        "Leader hand-over",
+        "Targets",
+    ):
         assert heading in proc.stdout
     assert "| asynclock redis:// |" in proc.stdout
 
@@ -78,6 +85,13 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
         assert row["held_after"] == row["leases"], "a lease was lost while only the watchdog ran"
         assert row["renew_calls_per_period"] > 0
     assert watchdog["asynclock-redis:1000"]["server_commands_per_period"] > 0
+
+    handover = results["election"]
+    row = handover["asynclock-memory:2"]
+    assert row["handovers"] == 20 and 0 < row["median_ms"] <= row["p99_ms"]
+    assert row["p99_share_of_ttl"] == row["p99_ms"] / 1000 / row["ttl"]
+    # a backend without elections gets a row that says so (one with them, its measured rows)
+    assert handover.get("asynclock-redis") == {"elections": False} or "asynclock-redis:2" in handover
 
     targets = {t["target"]: t for t in results["targets"]}
     assert targets["Redis acquire+release / raw floor"]["met"] in (True, False)

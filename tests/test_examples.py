@@ -4,7 +4,9 @@ on in pyproject.toml), the fault controls and the virtual clock.
 
 Each app runs its job under ``async with locks.lock(...)``; two concurrent
 requests for the same job must run one after the other with increasing
-fencing tokens, while requests for different jobs run side by side.
+fencing tokens, while requests for different jobs run side by side. The
+scheduled app runs as several uvicorn processes against ZooKeeper: each
+period's job runs on exactly one of them.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import os
 import secrets
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -27,6 +31,8 @@ from aiohttp.test_utils import TestClient, TestServer
 import asynclock
 from asynclock.testing import faults, virtual_clock
 from tests.servers import RedisServer, scaled
+from tests.servers.base import free_port
+from tests.servers.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.anyio
 
@@ -380,3 +386,60 @@ async def test_worker_commits_when_at_risk_and_waits_out_an_unavailable_lock_ser
     assert processed < module.COMMIT_EVERY, "no regular commit came before the loss"
     assert committed == processed, "everything processed was committed when the lease went at risk"
     assert worker.terms[1] > worker.terms[0]
+
+
+async def test_replicas_of_the_scheduled_app_run_each_period_once(zookeeper_server: ZooKeeperServer) -> None:
+    """Three replicas (uvicorn processes) of examples/scheduled_app.py schedule the job every
+    period: for every period they all saw, exactly one of them ran it and the others skipped it."""
+    period = scaled(1.0)
+    url = f"{zookeeper_server.url}?prefix=t{secrets.token_hex(4)}"
+    env = {**os.environ, "ASYNCLOCK_URL": url, "JOB_PERIOD": str(period), "PYTHONPATH": str(EXAMPLES.parent)}
+    ports = [free_port() for _ in range(3)]
+    procs = [
+        await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "uvicorn", "examples.scheduled_app:app", "--port", str(port)),
+            *("--host", "127.0.0.1", "--log-level", "warning"),
+            cwd=EXAMPLES.parent,
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        for port in ports
+    ]
+    try:
+        async with httpx.AsyncClient() as http:
+
+            async def runs(port: int) -> dict[str, Any]:
+                response = await http.get(f"http://127.0.0.1:{port}/runs")
+                assert response.status_code == 200, response.text
+                body: dict[str, Any] = response.json()
+                return body
+
+            async with asyncio.timeout(scaled(60)):
+                for port in ports:  # every replica up (its scheduler running)
+                    while True:
+                        with contextlib.suppress(httpx.TransportError):
+                            await runs(port)
+                            break
+                        await asyncio.sleep(0.1)
+                up = time.time()
+                await asyncio.sleep(5 * period)
+            seen = [await runs(port) for port in ports]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in procs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), scaled(10))
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    # the periods every replica was scheduling for
+    periods = sorted(due for due in {*seen[0]["ran"], *seen[0]["skipped"]} if due > up)
+    assert len(periods) >= 3, seen
+    for due in periods:
+        ran = [replica["pid"] for replica in seen if due in replica["ran"]]
+        skipped = [replica["pid"] for replica in seen if due in replica["skipped"]]
+        assert len(ran) == 1, f"period {due}: ran on {ran}, skipped on {skipped}"
+        assert len(ran) + len(skipped) == len(seen), f"period {due}: a replica did not call the job"

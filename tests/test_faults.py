@@ -9,6 +9,7 @@ checker finds (see ``tests/faults``). The torture tier (``--run-slow``, or
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ import pytest
 import asynclock
 from tests.faults import hygiene
 from tests.faults.checker import Section, StaleWindow, WorkerLog, check
+from tests.faults.election import memory_election
 from tests.faults.runner import RedlockTarget, SentinelTarget, Target, target_for
 from tests.faults.scenarios import SCENARIOS, Outcome, Settings, _warned_first, by_name
 from tests.faults.store import StoreState
@@ -42,6 +44,9 @@ FAST_SCENARIOS = {
     "sentinel": ["failover"],
     "memory": ["renewals-stalled"],
 }
+#: the election workload (each critical section a term of leadership) on the backends that
+#: have elections: a crash, a pause and a session loss of the leader
+ELECTION_SCENARIOS = {"zookeeper": ["holder-killed", "holder-frozen", "partition"]}
 #: the torture tier: every scenario that applies, longer, with more workers
 TORTURE = Settings(workers=6, duration=15.0, ttl=1.0, faults=10_000, margin=1.0)
 #: (backend, scenario) -> reason, for a bug found and not fixed yet (xfail, not strict)
@@ -175,6 +180,28 @@ async def test_fault_scenario(
         _report(await chosen.run(target, store_server.url, tmp_path, FAST))
     finally:
         await target.aclose()
+
+
+@pytest.mark.parametrize(
+    ("kind", "scenario"), [(kind, name) for kind, names in ELECTION_SCENARIOS.items() for name in names]
+)
+async def test_election_fault_scenario(
+    request: pytest.FixtureRequest, kind: str, scenario: str, store_server: RedisServer, tmp_path: Path
+) -> None:
+    """Workers are candidates of one election: 0 overlapping terms, 0 term-token inversions."""
+    target = await _target(request, kind)
+    try:
+        chosen = by_name(scenario)
+        assert chosen.applies(target)
+        _report(await chosen.run(target, store_server.url, tmp_path, dataclasses.replace(FAST, workload="election")))
+    finally:
+        await target.aclose()
+
+
+async def test_election_faults_on_memory(store_server: RedisServer, tmp_path: Path) -> None:
+    """Candidates in one process (memory:// is per process): the leader's term lost, its
+    renewals stalled past the ttl, its task cancelled mid-term; no overlap, tokens increase."""
+    _report(await memory_election(store_server.url, tmp_path, dataclasses.replace(FAST, faults=6)))
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ its holder's back, the way a test of an application simulates a lost lock.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import math
@@ -22,8 +23,8 @@ from typing import Any
 
 from .._errors import BackendUnavailable
 from .._options import query_names, reject_unknown
-from .._values import LockInfo, LossReason
-from ..abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem
+from .._values import Leader, LockInfo, LossReason
+from ..abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
 
 __all__ = ["Faults", "MemoryBackend", "expire", "expire_all", "lose_now"]
 
@@ -150,10 +151,12 @@ def _clock() -> float:
         return time.monotonic()
 
 
-# -- queued primitives: fair lock, read-write lock, semaphore -------------------
+# -- queued primitives: fair lock, read-write lock, semaphore, election ---------
 
 #: The table family of each queued kind: the two sides of a read-write lock share one resource.
-_FAMILIES = {"fair": "fair", "read": "rw", "write": "rw", "semaphore": "semaphore"}
+_FAMILIES = {"fair": "fair", "read": "rw", "write": "rw", "semaphore": "semaphore", "election": "election"}
+#: Every family, for what acts on every primitive of a name.
+_ALL_FAMILIES = ("fair", "rw", "semaphore", "election")
 
 
 @dataclass(slots=True)
@@ -162,6 +165,8 @@ class _Holder:
     count: int
     token: int
     expires_at: float  # the loop's clock
+    identity: str | None = None  # a candidate's (election)
+    since: float = 0.0  # wall-clock time of the grant
 
 
 @dataclass(slots=True, eq=False)
@@ -173,6 +178,7 @@ class _Request:
     event: asyncio.Event
     token: int | None = None
     granted_at: float = 0.0  # the loop's clock
+    identity: str | None = None
 
 
 @dataclass(slots=True)
@@ -198,12 +204,18 @@ class _QueueTable:
     later readers out, and a fair lock is handed over in order). Expired
     holders are dropped whenever the resource is looked at; waiters look
     again when the earliest holder expires.
+
+    An election's watches are told every change of its leader: each call
+    that changes the holder publishes the new one, under the mutex, to every
+    watch of that key, in order.
     """
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._resources: dict[str, _Resource] = {}
         self._tokens = itertools.count(1)
+        self._watches: dict[str, weakref.WeakSet[_MemoryLeaderWatch]] = {}
+        self._published: dict[str, Leader | None] = {}
 
     def _resource(self, key: str, permits: int) -> _Resource:
         res = self._resources.get(key)
@@ -227,10 +239,66 @@ class _QueueTable:
             req = res.queue.pop(0)
             req.token = next(self._tokens)
             req.granted_at = now
-            res.holders[req.hold] = _Holder(req.mode, 1, req.token, now + req.ttl)
+            res.holders[req.hold] = _Holder(req.mode, 1, req.token, now + req.ttl, req.identity, time.time())
             _wake(req)
         if not res.holders and not res.queue:
             del self._resources[key]
+        if key in self._watches:
+            self._publish(key)
+
+    # -- an election's leader ------------------------------------------------------
+
+    def _leader(self, key: str) -> tuple[Leader | None, float | None]:
+        """The holder of ``key`` as a Leader, and when its hold expires (the loop's clock)."""
+        res = self._resources.get(key)
+        if res is None or not res.holders:
+            return None, None
+        holder = min(res.holders.values(), key=lambda h: h.token)
+        return Leader(holder.identity or "", holder.token, holder.since), holder.expires_at
+
+    def _publish(self, key: str) -> None:
+        leader, expires_at = self._leader(key)
+        if self._published.get(key, _UNSEEN) != leader:
+            self._published[key] = leader
+            for watch in list(self._watches.get(key, ())):
+                watch._push(leader, expires_at)
+
+    def watch(self, key: str, watch: _MemoryLeaderWatch) -> tuple[Leader | None, float | None]:
+        """Tell ``watch`` every change of the leader of ``key`` from now on; the leader now."""
+        with self._mutex:
+            res = self._resources.get(key)
+            if res is not None:
+                self._grant(key, res, _clock(), 1)  # (tells the key's other watches, if it changes anything)
+            leader, expires_at = self._leader(key)
+            self._published.setdefault(key, leader)
+            self._watches.setdefault(key, weakref.WeakSet()).add(watch)
+            return leader, expires_at
+
+    def unwatch(self, key: str, watch: _MemoryLeaderWatch) -> None:
+        with self._mutex:
+            watches = self._watches.get(key)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._watches[key]
+                    self._published.pop(key, None)
+
+    def look(self, key: str) -> float | None:
+        """Drop an expired leader of ``key`` (its watches hear of it); when the leader's hold expires now."""
+        with self._mutex:
+            res = self._resources.get(key)
+            if res is not None:
+                self._grant(key, res, _clock(), 1)
+            if key in self._watches:
+                self._publish(key)
+            return self._leader(key)[1]
+
+    def leader(self, key: str) -> Leader | None:
+        with self._mutex:
+            res = self._resources.get(key)
+            if res is not None:
+                self._grant(key, res, _clock(), 1)
+            return self._leader(key)[0]
 
     def try_enter(self, key: str, req: _Request, permits: int, wait: bool) -> int | None:
         """Take it now (the token), or queue ``req`` when ``wait`` (None: not granted yet)."""
@@ -247,7 +315,9 @@ class _QueueTable:
                 return holder.token
             if not res.queue and self._fits(res, req.mode, permits):
                 token = next(self._tokens)
-                res.holders[req.hold] = _Holder(req.mode, 1, token, now + req.ttl)
+                res.holders[req.hold] = _Holder(req.mode, 1, token, now + req.ttl, req.identity, time.time())
+                if key in self._watches:
+                    self._publish(key)
                 return token
             if wait:
                 res.queue.append(req)
@@ -315,6 +385,8 @@ class _QueueTable:
                 return []
             holds = list(res.holders)
             res.holders.clear()
+            if key in self._watches:
+                self._publish(key)
             return holds
 
     def snapshot(self, key: str, permits: int) -> tuple[list[tuple[str, _Holder]], int]:
@@ -324,7 +396,9 @@ class _QueueTable:
                 return [], 0
             self._grant(key, res, _clock(), permits)
             holders = sorted(res.holders.items(), key=lambda item: item[1].expires_at)
-            return [(hold, _Holder(h.mode, h.count, h.token, h.expires_at)) for hold, h in holders], len(res.queue)
+            return [(hold, _Holder(h.mode, h.count, h.token, h.expires_at, h.identity)) for hold, h in holders], len(
+                res.queue
+            )
 
     def held_keys(self) -> list[str]:
         now = _clock()
@@ -348,6 +422,64 @@ def _wake(req: _Request) -> None:
 
 
 _QUEUES = _QueueTable()
+_UNSEEN = object()
+
+
+class _MemoryLeaderWatch:
+    """The changes of one election's leader, as the table publishes them (each one, in order)."""
+
+    def __init__(self, backend: MemoryBackend, key: str) -> None:
+        self._backend = backend
+        self._key = key
+        self._changes: collections.deque[tuple[Leader | None, float | None]] = collections.deque()
+        self._expires_at: float | None = None
+        self._watching = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def _push(self, leader: Leader | None, expires_at: float | None) -> None:
+        """Called by the table, under its mutex, from any thread."""
+        self._changes.append((leader, expires_at))
+        event, loop = self._event, self._loop
+        if event is None or loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            event.set()
+        else:
+            loop.call_soon_threadsafe(event.set)
+
+    async def next(self) -> Leader | None:
+        await self._backend._request()
+        if not self._watching:
+            self._loop = asyncio.get_running_loop()
+            self._event = asyncio.Event()
+            self._watching = True
+            leader, self._expires_at = _QUEUES.watch(self._key, self)
+            return leader
+        event = self._event
+        assert event is not None
+        loop = asyncio.get_running_loop()
+        while not self._changes:
+            event.clear()
+            expires_at = self._expires_at
+            # A leader that stops renewing is dropped only when somebody looks:
+            # look when its hold expires (a renewal since then just moves that on).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(None if expires_at is None else max(expires_at, loop.time())):
+                    await event.wait()
+            if not self._changes and not event.is_set():
+                self._expires_at = _QUEUES.look(self._key)
+        leader, self._expires_at = self._changes.popleft()
+        return leader
+
+    def close(self) -> None:
+        if self._watching:
+            self._watching = False
+            _QUEUES.unwatch(self._key, self)
 
 
 def expire(name: str, *, prefix: str = "asynclock") -> bool:
@@ -361,8 +493,8 @@ def expire(name: str, *, prefix: str = "asynclock") -> bool:
 
 
 def expire_all(name: str, *, prefix: str = "asynclock") -> bool:
-    """Like :func:`expire`, for every primitive of that name (fair lock, read-write lock, semaphore)."""
-    dropped = [_QUEUES.expire(_queue_key(prefix, kind, name)) for kind in ("fair", "rw", "semaphore")]
+    """Like :func:`expire`, for every primitive of that name (fair lock, read-write lock, semaphore, election)."""
+    dropped = [_QUEUES.expire(_queue_key(prefix, kind, name)) for kind in _ALL_FAMILIES]
     return _TABLE.expire(f"{prefix}:{name}") or any(dropped)
 
 
@@ -378,7 +510,7 @@ def lose_now(name: str, *, prefix: str = "asynclock") -> bool:
     with ``LockLost``. Returns whether anything was held.
     """
     holds = _TABLE.take(f"{prefix}:{name}")
-    for family in ("fair", "rw", "semaphore"):
+    for family in _ALL_FAMILIES:
         holds += _QUEUES.take(_queue_key(prefix, family, name))
     if holds:
         for backend in list(_BACKENDS):
@@ -479,7 +611,7 @@ class MemoryBackend:
         return cls(prefix=prefix)
 
     def check_kind(self, kind: Kind) -> None:
-        """Every primitive: the plain and fair lock, both sides of a read-write lock, the semaphore."""
+        """Every primitive: the plain and fair lock, both sides of a read-write lock, the semaphore, elections."""
 
     def lock_key(self, ref: LockRef) -> str:
         if ref.kind == "lock":
@@ -498,7 +630,7 @@ class MemoryBackend:
         key = self.lock_key(ref)
         if ref.kind == "lock":
             return _TABLE.try_acquire(key, hold, ttl)
-        req = _Request(hold, ref.mode, ttl, asyncio.get_running_loop(), asyncio.Event())
+        req = _Request(hold, ref.mode, ttl, asyncio.get_running_loop(), asyncio.Event(), identity=ref.identity)
         try:
             token = _QUEUES.try_enter(key, req, ref.permits, wait=enqueue)
         except _PermitsDiffer as exc:
@@ -591,6 +723,15 @@ class MemoryBackend:
         return LockInfo(
             ref.name, key, entry.owner, entry.count, max(0.0, entry.expires_at - _clock()), None, entry.token
         )
+
+    async def leader(self, ref: LockRef) -> Leader | None:
+        """The election's leader: the identity its candidate gave, its token, the wall-clock time of its grant."""
+        await self._request()
+        return _QUEUES.leader(self.lock_key(ref))
+
+    def observe(self, ref: LockRef) -> LeaderWatch:
+        """Every change of the election's leader, published by the table as it happens."""
+        return _MemoryLeaderWatch(self, self.lock_key(ref))
 
     async def names(self) -> list[str]:
         """Names of the plain locks held under this client's prefix."""

@@ -36,6 +36,8 @@ class Settings:
     seed: int = 0
     #: slack on top of the ttl for liveness bounds (a dead holder's lock coming back …)
     margin: float = 1.0
+    #: what the workers contend for: "lock", or "election" (each critical section a term)
+    workload: str = "lock"
 
     def scaled_ttl(self) -> float:
         return self.ttl * SCALE
@@ -115,6 +117,7 @@ def _common(settings: Settings, **more: Any) -> dict[str, Any]:
         "hold": (0.005, 0.04),
         "pause": (0.0, 0.01),
         "acquire_bound": 20 * ttl,
+        "workload": settings.workload,
     }
     options.update(more)
     return options
@@ -134,6 +137,8 @@ async def _run(
 ) -> Outcome:
     started = time.monotonic()
     rng = random.Random(f"{settings.seed}-{name}")
+    if settings.workload != "lock":
+        name = f"{name} ({settings.workload})"
     run = Run(target, store_url, workdir, proxied=proxied, **_common(settings, **options))
     try:
         await run.start(settings.workers if workers is None else workers)

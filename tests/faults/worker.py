@@ -1,5 +1,10 @@
 """One worker process: contends for one lock and records every critical section.
 
+With ``workload="election"`` it is a candidate of one election instead: a
+critical section is a term (``async with election.leadership()``), ended by a
+resign half the time and by leaving the block otherwise; the checker's rules
+are the same (no two terms overlap, tokens increase from term to term).
+
 Started by the runner as ``python -m tests.faults.worker '<json config>'``.
 It connects its own client, prints ``ready`` once connected, waits for
 ``go`` on stdin, then loops until it has run ``ops`` sections, ``duration``
@@ -78,6 +83,8 @@ class WorkerConfig:
     acquire_bound: float | None = None
     #: whether the backend gives fencing tokens (Redlock does not)
     tokens: bool = True
+    #: "lock" (a plain lock) or "election" (each section a term of leadership)
+    workload: str = "lock"
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -132,7 +139,9 @@ class Worker:
         )
         try:
             async with locks:
-                lock = locks.lock(config.name)
+                lock: asynclock.Lock | asynclock.Election = locks.lock(config.name)
+                if config.workload == "election":
+                    lock = locks.election(config.name, identity=f"w{os.getpid()}")
                 await lock.info()  # connected
                 self.counts = _count_wakeups(locks)
                 self.journal.write(ev="ready", pid=os.getpid(), client=locks.client_id, t=time.monotonic())
@@ -186,7 +195,7 @@ class Worker:
         threading.Thread(target=read_stdin, daemon=True).start()
         await go.wait()
 
-    async def _one(self, locks: asynclock.Locks, lock: asynclock.Lock, store: FencedStore) -> None:
+    async def _one(self, locks: asynclock.Locks, lock: asynclock.Lock | asynclock.Election, store: FencedStore) -> None:
         config = self.config
         phase = ["acquire"]
         asked = time.monotonic()
@@ -218,7 +227,7 @@ class Worker:
             seen = f"info failed: {exc!r}"
         what = f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}; phase {stuck_in}"
         what += f"; meanwhile this client counted {meanwhile}"
-        if stuck_in != "release" and not _plain_lock_queues(locks):
+        if stuck_in != "release" and config.workload == "lock" and not _plain_lock_queues(locks):
             # The plain lock is not fair here (Redis Cluster, Redlock, memory):
             # a waiter may lose every race for it.
             # The checker decides (from the others' sections meanwhile) whether
@@ -230,13 +239,15 @@ class Worker:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    async def _section(self, lock: asynclock.Lock, store: FencedStore, phase: list[str]) -> None:
+    async def _section(self, lock: asynclock.Lock | asynclock.Election, store: FencedStore, phase: list[str]) -> None:
         config = self.config
         section: dict[str, Any] | None = None
         outcome = "ok"
         asked = time.monotonic()
+        held = lock if isinstance(lock, asynclock.Lock) else lock.leadership()
+        resign = isinstance(lock, asynclock.Election) and self.rng.random() < 0.5
         try:
-            async with lock as lease:
+            async with held as lease:
                 phase[0] = "body"
                 self.sid += 1
                 if config.tokens:
@@ -262,6 +273,9 @@ class Worker:
                         section["write"] = "sent"
                         accepted = await store.write(token, value + 1, self.who)
                         section["write"] = "ok" if accepted else "refused"
+                    if resign:
+                        assert isinstance(lock, asynclock.Election)
+                        await lock.resign()  # the term ends here: the block is left without an exception
                 finally:
                     section["end"] = time.monotonic()
                     phase[0] = "release"
@@ -284,15 +298,17 @@ class Worker:
             elif outcome.startswith("unavailable"):
                 self.journal.write(ev="unavailable", t=time.monotonic(), asked=asked, outcome=outcome)
 
-    async def _check_no_leftover_hold(self, locks: asynclock.Locks, lock: asynclock.Lock) -> None:
+    async def _check_no_leftover_hold(self, locks: asynclock.Locks, lock: asynclock.Lock | asynclock.Election) -> None:
         """After a cancelled operation, this client must not keep (or get) the lock."""
         deadline = time.monotonic() + self.config.ttl / 2
+        mine = locks.client_id if isinstance(lock, asynclock.Lock) else lock.identity
+        assert mine is not None
         while True:
             try:
                 owner = (await lock.info()).owner
             except asynclock.LockError:
                 return  # the server is away (a fault); nothing to see
-            if owner is None or not owner.startswith(locks.client_id):
+            if owner is None or (owner != mine if isinstance(lock, asynclock.Election) else not owner.startswith(mine)):
                 return
             if time.monotonic() >= deadline:
                 self.journal.write(ev="violation", what=f"hold {owner} left on the server after a cancellation")

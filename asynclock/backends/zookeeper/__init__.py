@@ -31,6 +31,9 @@ Primitives, each on Curator's layout so that Curator's recipes share them:
   nodes in one sequence. A writer holds when its node is the lowest; a
   reader when no writer node is ahead of it (it watches the nearest writer
   ahead), so a waiting writer keeps later readers out;
+* an election is Curator's LeaderLatch under ``<prefix>/%election/<name>``:
+  a candidate is a lock contender named ``_c_<guid>-latch-<seq>`` whose data
+  is its identity; the lowest leads (:mod:`._election` reads who that is);
 * a semaphore is Curator's InterProcessSemaphoreV2 under
   ``<prefix>/%semaphore/<name>``: take the mutex ``locks`` (the lock
   recipe), create ``leases/_c_<guid>-lease-<seq>``, and hold once it is one
@@ -58,12 +61,14 @@ from typing import Any
 from ..._errors import ConfigurationError
 from ..._options import DEFAULT_CONNECT_TIMEOUT, reject_unknown, seconds
 from ..._timing import request_window
-from ..._values import LockInfo
-from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem
+from ..._values import Leader, LockInfo
+from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
 from ._describe import check_permits, describe, lock_names
+from ._election import ZkLeaderWatch, read_leader
 from ._holds import Holds
 from ._layout import (
     DEFAULT_TTL,
+    LATCH_BASE,
     LEASE_BASE,
     OPTIONS,
     READ,
@@ -279,6 +284,8 @@ class ZooKeeperBackend:
         """The node a new hold of ``ref`` queues (a semaphore: behind its mutex)."""
         path = self._layout.key(ref)
         guid = str(uuid.uuid4())
+        if ref.kind == "election":
+            return Node(ref.name, hold, path, guid, base=LATCH_BASE, data=(ref.identity or "").encode())
         if ref.kind == "write":
             return Node(ref.name, hold, path, guid, base=f"-{WRITE}")
         if ref.kind == "read":
@@ -381,7 +388,7 @@ class ZooKeeperBackend:
         session = self._session
         with map_errors(self._where):
             await session.wait_connected(self._window())
-            if ref.kind in ("lock", "fair"):
+            if ref.kind in ("lock", "fair", "election"):
                 return await describe(session, self._holds, ref.name, key)
             if ref.kind in ("read", "write"):
                 return await describe(session, self._holds, ref.name, key, pick=rw_holders)
@@ -395,6 +402,18 @@ class ZooKeeperBackend:
                 pick=lambda contenders: contenders[:permits],
                 queue=f"{key}/{SEM_LOCKS}",
             )
+
+    async def leader(self, ref: LockRef) -> Leader | None:
+        """The election's leader: the first contender's data (identity) and czxid (token); since is None."""
+        session = self._session
+        with map_errors(self._where):
+            await session.wait_connected(self._window())
+            leader, _ = await read_leader(session, self._layout.key(ref))
+            return leader
+
+    def observe(self, ref: LockRef) -> LeaderWatch:
+        """The leader after each change, read again after every watch event (see :mod:`._election`)."""
+        return ZkLeaderWatch(self._session, self._layout.key(ref), self._window(), self._where)
 
     async def names(self) -> list[str]:
         """Lock names under this client's prefix that have contenders now."""

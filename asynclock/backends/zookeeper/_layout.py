@@ -1,10 +1,12 @@
 """Where things live on the ZooKeeper server, and what a ``zk://`` URL says.
 
 Paths: the plain (and fair) lock ``name`` is the znode ``<chroot>/<prefix>/<name>``;
-a read-write lock lives under ``<prefix>/%rw/<name>`` and a semaphore under
-``<prefix>/%semaphore/<name>`` (Curator's layouts, so Curator's recipes
-share them). Both prefix and name are escaped by :func:`escape_name`, so
-every distinct name is a distinct valid znode.
+a read-write lock lives under ``<prefix>/%rw/<name>``, a semaphore under
+``<prefix>/%semaphore/<name>`` and an election under
+``<prefix>/%election/<name>`` (Curator's layouts, so Curator's recipes
+share them: a LeaderLatch on that path takes part in the election). Both
+prefix and name are escaped by :func:`escape_name`, so every distinct name
+is a distinct valid znode.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ...abc import LockRef
 __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_TTL",
+    "LATCH_BASE",
     "OPTIONS",
     "Layout",
     "credentials",
@@ -42,12 +45,15 @@ WRITE = "__WRIT__"
 SEM_LOCKS = "locks"
 SEM_LEASES = "leases"
 LEASE_BASE = "-lease-"
+#: Curator's LeaderLatch: a candidate is ``<path>/_c_<guid>-latch-<seq>`` holding its participant id (UTF-8).
+LATCH_BASE = "-latch-"
 #: Directories under the prefix for the read-write locks and the semaphores. A
 #: ``%`` followed by letters that are no hex digits is never made by
 #: :func:`escape_name`, so no lock name can be one of them.
 RW_DIR = "%rw"
 SEM_DIR = "%semaphore"
-RESERVED = (RW_DIR, SEM_DIR)
+ELECTION_DIR = "%election"
+RESERVED = (RW_DIR, SEM_DIR, ELECTION_DIR)
 
 #: Options of a ``zk://`` URL (``ttl``, ``prefix`` and ``connect_timeout`` are
 #: read by ``connect()``, the rest here).
@@ -138,7 +144,7 @@ class Layout:
         """The lock's znode: the plain and the fair lock share one (the recipe is FIFO)."""
         if ref.kind in ("lock", "fair"):
             return f"{self.base}/{escape_name(ref.name)}"
-        family = RW_DIR if ref.kind in ("read", "write") else SEM_DIR
+        family = {"read": RW_DIR, "write": RW_DIR, "semaphore": SEM_DIR, "election": ELECTION_DIR}[ref.kind]
         return f"{self.base}/{family}/{escape_name(ref.name)}"
 
 

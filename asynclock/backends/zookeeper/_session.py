@@ -54,7 +54,9 @@ from ..._timing import Backoff
 from ._connection import Conn, Pending, WatchCallback, cause, handshake
 from ._wire import (
     AUTH_XID,
+    EXISTS_OPCODE,
     FRAME_SIZE,
+    NO_NODE,
     PARSERS,
     PING_XID,
     REPLY_HEADER,
@@ -460,6 +462,8 @@ class ZkSession:
 
     def _answer(self, conn: Conn, pending: Pending, code: int, body: bytes) -> None:
         future = pending.future
+        if code == NO_NODE and pending.opcode == EXISTS_OPCODE and pending.watch is not None:
+            conn.watch(*pending.watch, pending.path)  # the server watches for the node's creation
         if code:
             if not future.done():
                 future.set_exception(error_for(code, pending.path, conn.host))

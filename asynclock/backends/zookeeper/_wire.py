@@ -25,6 +25,7 @@ __all__ = [
     "CONTAINER",
     "CREATOR_ACL",
     "EPHEMERAL",
+    "EXISTS_OPCODE",
     "NODE_EXISTS",
     "NO_NODE",
     "OPEN_ACL",
@@ -131,6 +132,8 @@ _HEADER = struct.Struct("!ii")
 _STAT = struct.Struct("!qqqqiiiqiiq")
 _OPCODE_CREATE2, _OPCODE_CONTAINER = 15, 19
 _OPCODE_DELETE, _OPCODE_EXISTS, _OPCODE_CHILDREN = 2, 3, 8
+#: exists: the one request whose watch the server sets even when it answers NoNode (a creation watch)
+EXISTS_OPCODE = _OPCODE_EXISTS
 
 
 def _ustring(value: str) -> bytes:
