@@ -315,8 +315,10 @@ def _give_up(
     if isinstance(last, _HoldRetired):
         raise unavailable(last.__cause__ or last) from last.__cause__
     if isinstance(last, BaseException):
-        # An earlier try may have gone through unseen: give it back by identity.
-        _probe_release(lock, hold, owner)
+        # An earlier try may have gone through unseen: give it back by identity
+        # (not when no connection could be made at all: nothing reached the server).
+        if not (isinstance(last, BackendUnavailable) and last.connect_timeout is not None):
+            _probe_release(lock, hold, owner)
         raise unavailable(last) from last
     raise LockTimeout(lock.name, timeout)
 

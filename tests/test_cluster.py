@@ -20,7 +20,7 @@ import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.cluster import ClusterBackend
-from asynclock.testing.conformance import Contract
+from asynclock.testing.conformance import ServerContract
 from tests.harness import Harness, eventually
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
@@ -74,7 +74,7 @@ async def harness(cluster: ClusterSetup) -> AsyncIterator[ClusterHarness]:
         yield h
 
 
-class TestContract(Contract):
+class TestContract(ServerContract):
     """The conformance suite, on the cluster (with this module's ``harness``)."""
 
 

@@ -18,6 +18,7 @@ from asynclock.abc import RenewItem
 from tests.conftest import make_harness
 from tests.harness import Harness, eventually, handovers_dropped
 from tests.servers import scaled
+from tests.test_primitives import FAIR_IS_PLAIN
 
 pytestmark = pytest.mark.anyio
 
@@ -73,7 +74,7 @@ async def test_a_read_taken_after_a_lost_downgrade_is_released(harness: Harness)
         pass
 
 
-@pytest.fixture(params=["zookeeper", "postgres"])
+@pytest.fixture(params=FAIR_IS_PLAIN)
 async def same_lock_harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     async with make_harness(request, request.param) as h:
         yield h

@@ -19,7 +19,7 @@ import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockLost, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.sentinel import SentinelBackend
-from asynclock.testing.conformance import Contract
+from asynclock.testing.conformance import ServerContract
 from tests.harness import RedisHarness
 from tests.servers import scaled
 from tests.servers.redis_topologies import SentinelSetup
@@ -58,7 +58,7 @@ async def harness(shared_setup: SentinelSetup) -> AsyncIterator[SentinelHarness]
         yield h
 
 
-class TestContract(Contract):
+class TestContract(ServerContract):
     """The conformance suite, through the sentinels (with this module's ``harness``)."""
 
 

@@ -77,7 +77,7 @@ import pytest
 import asynclock
 from asynclock import LockLost, LockTimeout, NotHeld
 
-__all__ = ["TTL", "Contract", "Harness", "scaled"]
+__all__ = ["CLIENT_TESTS", "TTL", "Contract", "Harness", "ServerContract", "scaled"]
 
 #: Multiplies every ttl and time bound of the suite (``ASYNCLOCK_TEST_SCALE``).
 SCALE = float(os.environ.get("ASYNCLOCK_TEST_SCALE", "1"))
@@ -693,3 +693,31 @@ class Contract:
                 await call()
         with pytest.raises(NotHeld):
             await lease.release()  # released by the close
+
+
+#: The tests of what the client does by itself, the same whatever serves the lock:
+#: argument checks, events, the owner task and detached leases, the watchdog
+#: stopped, the client closed. A backend runs them in its :class:`Contract`;
+#: :class:`ServerContract` leaves them out.
+CLIENT_TESTS = (
+    "test_bad_arguments_raise_before_any_io",
+    "test_bad_timeout_raises_before_any_io",
+    "test_events_are_reported",
+    "test_a_failing_event_callback_is_logged_not_raised",
+    "test_timeout_via_asyncio_timeout_keeps_the_owner",
+    "test_body_is_cancelled_at_its_deadline_even_if_the_watchdog_stalls",
+    "test_a_hold_whose_owner_task_ended_is_abandoned_and_released_at_once",
+    "test_lease_release_from_another_task_cancels_the_holders_body",
+    "test_detached_lease_belongs_to_no_task_and_lives_until_released",
+    "test_a_closed_client_says_so",
+)
+
+
+class ServerContract(Contract):
+    """:class:`Contract` without its :data:`CLIENT_TESTS`: for one more primitive, or one
+    more way of connecting, of a backend that already runs the whole contract."""
+
+
+for _name in CLIENT_TESTS:
+    assert callable(getattr(Contract, _name)), _name
+    setattr(ServerContract, _name, None)
