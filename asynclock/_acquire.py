@@ -183,7 +183,7 @@ async def _attempt(
     # release the hold by its identity, which is harmless if the try got
     # nothing, and retry under a new hold id.
     try:
-        async with asyncio.timeout_at(bound):
+        with locks._deadlines.bound(bound):
             result = await backend.try_acquire(lock._ref, hold, lock.ttl, enqueue=enqueue)
     except asyncio.CancelledError:
         await settle(
@@ -318,8 +318,10 @@ def _give_up(
     if isinstance(last, _HoldRetired):
         raise unavailable(last.__cause__ or last) from last.__cause__
     if isinstance(last, BaseException):
-        # An earlier try may have gone through unseen: give it back by identity.
-        _probe_release(lock, hold, owner)
+        # An earlier try may have gone through unseen: give it back by identity
+        # (not when no connection could be made at all: nothing reached the server).
+        if not (isinstance(last, BackendUnavailable) and last.connect_timeout is not None):
+            _probe_release(lock, hold, owner)
         raise unavailable(last) from last
     raise LockTimeout(lock.name, timeout)
 

@@ -10,9 +10,9 @@ import functools
 import itertools
 import logging
 import secrets
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from ._errors import NotHeld
 from ._keeper import LeaseKeeper
@@ -20,20 +20,25 @@ from ._lease import Lease
 from ._legacy import LegacyAdapter, LegacyBackend
 from ._owner import current_owner
 from ._release import release_by_identity
-from ._timing import REQUEST_WINDOW
+from ._timing import REQUEST_WINDOW, Deadlines
 from ._validate import check_name, check_ttl
 from ._values import EventKind, LockEvent, LossReason
 from ._wake import WakeHub
 from .abc import Backend, LockRef, Notifies
 
 if TYPE_CHECKING:
+    from ._election import Election
     from ._lock import Lock, RWLock, Semaphore
+    from ._singleton import Singleton
 
 __all__ = ["EventCallback", "Locks"]
 
 logger = logging.getLogger("asynclock")
 
 EventCallback = Callable[[LockEvent], object]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: What every call on a closed client raises.
 CLIENT_CLOSED = "client is closed"
@@ -77,12 +82,15 @@ class Locks:
         self._waits: dict[asyncio.Task[Any], bool] = {}
         self._waits_ended: asyncio.Event | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        # loop timers of what is due later (the end of a singleton job's at_least)
+        self._timers: set[asyncio.TimerHandle] = set()
         self._hold_seq = itertools.count(1)
         self._keeper: LeaseKeeper | None = None
         self._hub: WakeHub | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
+        self._deadlines = Deadlines()
 
     def __repr__(self) -> str:
         return f"<Locks {self._backend.kind} client={self.client_id}>"
@@ -147,6 +155,42 @@ class Locks:
             raise ValueError(f"permits must be between 1 and 100000, got {permits}")
         return Semaphore(self, check_name(name), self._check_ttl(ttl), permits)
 
+    def election(self, name: str, *, identity: str | None = None, ttl: float | None = None) -> Election:
+        """A leader election among every client that names it; cheap, no I/O.
+
+        ``identity`` is what ``leader()``, ``observe()`` and ``asynclock
+        inspect`` show for this candidate (default: ``host:pid:task`` of the
+        task that enters ``leadership()``); ``ttl`` the lease time of a
+        term. Raises NotImplementedError when the backend has no elections,
+        TypeError / ValueError for a bad name, identity or ttl.
+        """
+        from ._election import Election
+
+        self._check_open()
+        return Election(self, check_name(name), identity, self._check_ttl(ttl))
+
+    def singleton(
+        self, name: str, *, at_most: float, at_least: float = 0.0, ttl: float | None = None
+    ) -> Callable[[Callable[P, Awaitable[R]]], Singleton[P, R]]:
+        """A decorator: the async function runs on one replica at a time, at most once per ``at_least`` seconds.
+
+        Calling the decorated function runs it here, unless another replica
+        runs it or started it less than ``at_least`` seconds ago (it returns
+        None then); ``at_most`` cancels a run that lasts longer. The job holds
+        the lock ``name`` (``locks.lock(name)`` is that lock). See
+        :class:`~asynclock.Singleton`. Raises TypeError / ValueError for bad
+        arguments (``at_least`` above ``at_most`` too), before any I/O.
+
+        Example::
+
+            @locks.singleton("nightly-report", at_most=600, at_least=60)
+            async def nightly_report() -> None: ...
+        """
+        from ._singleton import make_singleton
+
+        self._check_open()
+        return make_singleton(self, name, at_most, at_least, ttl)
+
     async def __aenter__(self) -> Locks:
         try:
             await self._ensure_started()
@@ -166,6 +210,9 @@ class Locks:
         if self._closed:
             return
         self._closed = True
+        for timer in self._timers:
+            timer.cancel()  # what they were due to release is released below
+        self._timers.clear()
         if self._hub is not None:
             self._hub.wake_all()  # waiting acquires of other tasks see the client closed
         waiting = list(self._waits)
@@ -175,9 +222,14 @@ class Locks:
         if self._keeper is not None:
             leases = self._keeper.holds()
             me = current_owner()
+            now = asyncio.get_running_loop().time()
             for lease in leases:
                 self._keeper.remove(lease)
                 self._forget(lease)
+            # A singleton job's lock stays held until its at_least has passed: its last
+            # renewal made the server's hold last that long (a session's ends with it).
+            leases = [lease for lease in leases if lease._hold_until is None or lease._hold_until <= now]
+            for lease in leases:
                 # Like a loss: every body under it is cancelled before the
                 # release below lets anybody else in.
                 lease._close("the client was closed while the lock was held", spare_owner=me)
@@ -234,10 +286,14 @@ class Locks:
             if self._keeper is None:
                 self._loop = loop
                 backend = self._backend
-                hub = WakeHub(backend if isinstance(backend, Notifies) else None, self._background, self._lose)
+                hub = WakeHub(
+                    backend if isinstance(backend, Notifies) else None, self._background, self._lose, self._at_risk
+                )
                 await backend.start(hub)
                 self._hub = hub
-                self._keeper = LeaseKeeper(backend, self._renewed)
+                self._keeper = LeaseKeeper(
+                    backend, self._renewed if self._on_event is not None else None, self._lease_at_risk
+                )
             return self._keeper
 
     def _wait_ended(self, task: asyncio.Task[Any]) -> bool:
@@ -259,6 +315,16 @@ class Locks:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+    def _later(self, when: float, callback: Callable[[], object]) -> None:
+        """Call ``callback`` at the loop time ``when``, unless the client is closed first."""
+
+        def fire() -> None:
+            self._timers.discard(handle)
+            callback()
+
+        handle = asyncio.get_running_loop().call_at(when, fire)
+        self._timers.add(handle)
 
     def _forget(self, lease: Lease) -> None:
         task, done = lease._owner_task, lease._owner_done
@@ -321,7 +387,7 @@ class Locks:
                 scope.cancel()
         held_s = asyncio.get_running_loop().time() - lease._acquired_at
         try:
-            released = await release_by_identity(self._backend, lease, raise_errors=True)
+            released = await release_by_identity(self._backend, lease, raise_errors=True, deadlines=self._deadlines)
         except asyncio.CancelledError:
             # The caller is cancelled; the hold must still go. A release by the
             # hold's identity is idempotent, so repeating one that may have gone
@@ -350,6 +416,14 @@ class Locks:
         # If the server may still have it (the deadline passed while renewals
         # were stuck), give it back by identity; harmless if it is gone.
         self._spawn(release_by_identity(self._backend, lease, raise_errors=False))
+
+    def _lease_at_risk(self, lease: Lease, reason: str) -> None:
+        logger.info("lock %r at risk for %s: %s", lease.name, lease.owner, reason)
+        self._emit("at_risk", lease.name, lease.owner, lease.token, reason=reason)
+
+    def _at_risk(self, holds: Sequence[str] | None, reason: str) -> None:
+        if self._keeper is not None:
+            self._keeper.at_risk(None if holds is None else list(holds), reason)
 
     def _renewed(self, lease: Lease) -> None:
         if self._on_event is not None:

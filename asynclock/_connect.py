@@ -52,7 +52,13 @@ def connect(
     those of its client library may come either way too.
 
     No I/O happens here; the connection is made when the returned client is
-    entered (``async with``) or first used. Raises ValueError for an unknown
+    entered (``async with``) or first used.
+
+    Example::
+
+        async with asynclock.connect("redis://localhost:6379/0", ttl=10) as locks:
+            async with locks.lock("orders:42") as lease:
+                ... Raises ValueError for an unknown
     scheme, an unknown option (naming the valid ones) or a bad value, and
     TypeError for an unsupported object.
     """

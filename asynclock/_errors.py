@@ -17,13 +17,33 @@ Bad arguments raise ``ValueError`` / ``TypeError`` before any I/O.
 
 from __future__ import annotations
 
+from ._values import LossReason
+
 
 class LockError(Exception):
-    """Base class of every error asynclock raises on purpose."""
+    """Base class of every error asynclock raises on purpose.
+
+    Catch it to handle every lock failure at one place::
+
+        try:
+            async with locks.lock("report"):
+                await build_report()
+        except asynclock.LockError as exc:
+            log.warning("report skipped: %s", exc)
+    """
 
 
 class LockTimeout(LockError, TimeoutError):
-    """``acquire`` ran out of time before the lock became free."""
+    """``acquire(timeout=...)`` ran out of time before the lock became free.
+
+    Also a ``TimeoutError``. ``name`` is the lock's name and ``timeout`` the
+    seconds it waited. ``timeout=0`` raises it at once when the lock is taken::
+
+        try:
+            lease = await lock.acquire(timeout=0)
+        except asynclock.LockTimeout:
+            return "busy, try later"
+    """
 
     def __init__(self, name: str, timeout: float | None) -> None:
         super().__init__(f"timed out after {timeout}s waiting for lock {name!r}")
@@ -34,17 +54,32 @@ class LockTimeout(LockError, TimeoutError):
 class LockLost(LockError):
     """A held lease expired, was taken, or could not be renewed before its deadline.
 
-    Raised from the ``async with`` block whose body was cancelled because of the loss.
+    Raised from the ``async with`` block whose body was cancelled because of
+    the loss (and by a re-entry of a lease known to be lost). ``name`` is the
+    lock's name, ``reason`` says what happened and ``loss`` says it in a word
+    (a :class:`LossReason`)::
+
+        try:
+            async with locks.lock("report"):
+                await build_report()
+        except asynclock.LockLost as lost:
+            log.warning("stopped: %s (%s)", lost.reason, lost.loss)
     """
 
-    def __init__(self, name: str, reason: str) -> None:
+    def __init__(self, name: str, reason: str, loss: LossReason | None = None) -> None:
         super().__init__(f"lock {name!r} lost: {reason}")
         self.name = name
         self.reason = reason
+        #: why, in a word (None when not known)
+        self.loss = loss
 
 
 class NotHeld(LockError):
-    """Release (or re-entry) by an owner that does not hold the lock."""
+    """A release by an owner that does not hold the lock (never acquired, already
+    released, or the lease was lost); nothing changes on the server then.
+
+    Raised by ``lock.release()`` and ``lease.release()``. ``name`` is the lock's name.
+    """
 
     def __init__(self, name: str, detail: str = "the current owner does not hold it") -> None:
         super().__init__(f"lock {name!r} not held: {detail}")
@@ -52,7 +87,14 @@ class NotHeld(LockError):
 
 
 class BackendUnavailable(LockError, ConnectionError):
-    """The lock server could not be reached within the operation's time."""
+    """The lock server could not be reached, or did not answer, within the operation's time.
+
+    Also a ``ConnectionError``. The message names the server's address and
+    the cause ("connection refused", "name not resolved", "timed out after
+    2.0 s"). Raised by ``acquire`` (after retrying for its timeout, or for a
+    ttl when it has none), ``release`` and ``info``; a server that refuses
+    the connection outright gives up after ``connect_timeout``.
+    """
 
     #: Set by a backend when no connection could be made at all (refused,
     #: name not resolved, connect timed out): its ``connect_timeout``, after

@@ -10,17 +10,18 @@ from dataclasses import asdict
 
 from ._client import Locks
 from ._connect import connect
+from ._election import Election
 from ._errors import BackendUnavailable
 from ._lock import Lock
 from ._options import mask_url
 from ._values import LockInfo
 
 #: What ``--kind`` may name.
-KINDS = ("lock", "fair", "rw", "semaphore")
+KINDS = ("lock", "fair", "rw", "semaphore", "election")
 
 
-def handle(locks: Locks, kind: str, name: str) -> Lock:
-    """The handle whose ``info()`` shows the primitive ``kind`` of ``name``."""
+def handle(locks: Locks, kind: str, name: str) -> Lock | Election:
+    """The handle whose ``info()`` shows the primitive ``kind`` of ``name`` (an election's: the leader's identity)."""
     if kind == "lock":
         return locks.lock(name)
     if kind == "fair":
@@ -29,6 +30,8 @@ def handle(locks: Locks, kind: str, name: str) -> Lock:
         return locks.rw_lock(name).read  # either side shows every holder of the lock
     if kind == "semaphore":
         return locks.semaphore(name, permits=1)  # the count does not change what the server says
+    if kind == "election":
+        return locks.election(name)
     raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
 
 

@@ -15,8 +15,9 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ._timing import RETRY_FIRST, drift
+from ._timing import RETRY_FIRST, drift, request_window
 from ._values import LossReason
+from .abc import RenewItem
 
 if TYPE_CHECKING:
     import anyio
@@ -31,12 +32,16 @@ class Lease:
 
     ``token`` is the fencing token: pass it to the resource you protect so that
     a holder whose lease was lost cannot write after the next holder did.
-    ``expires_at`` is the ``time.monotonic()`` deadline this client trusts;
+    ``expires_at`` is the deadline this client trusts, by the event loop's clock;
     the watchdog keeps moving it forward while the lease is renewed.
     ``lost`` turns true when the lease is lost; ``await lease.wait_lost()``
-    returns then. Re-entering the lock returns the same Lease with a higher
-    ``hold_count``. ``await lease.release()`` releases it (every hold) from
-    any task, e.g. a request handler other than the one that acquired it.
+    returns then. ``remaining`` is how many seconds are left until the trusted
+    deadline; ``at_risk`` turns true (and ``await lease.wait_at_risk()``
+    returns) when a renewal has failed but the lease is not lost yet: the
+    moment to checkpoint before the body may be cancelled. Re-entering the
+    lock returns the same Lease with a higher ``hold_count``.
+    ``await lease.release()`` releases it (every hold) from any task, e.g. a
+    request handler other than the one that acquired it.
 
     Example::
 
@@ -49,9 +54,12 @@ class Lease:
 
     __slots__ = (
         "_acquired_at",
+        "_at_risk",
         "_backoff",
+        "_cohort",
         "_expires_at",
         "_hold",
+        "_hold_until",
         "_key",
         "_last_error",
         "_lease_time",
@@ -65,6 +73,8 @@ class Lease:
         "_ref",
         "_released",
         "_releaser",
+        "_renewal",
+        "_risk_event",
         "_scopes",
         "_ttl",
         "hold_count",
@@ -102,6 +112,8 @@ class Lease:
         self._last_error: str | None = None
         self._released = False
         self._lost_event: asyncio.Event | None = None
+        self._at_risk: str | None = None  # why, while a renewal has failed and none succeeded since
+        self._risk_event: asyncio.Event | None = None
         self._scopes: list[anyio.CancelScope] = []
         self._on_lost = on_lost
         self._releaser = releaser
@@ -109,6 +121,12 @@ class Lease:
         self._ref = ref
         #: the lock it holds for re-entry: the plain lock's ref where that is this very lock on the server
         self._key = key
+        # the keeper's cohort this lease is renewed with, and what it asks the backend
+        self._cohort: Any = None
+        self._renewal: RenewItem | None = None
+        # loop time until which each renewal makes the server keep the hold, and no longer
+        # (a singleton job's at_least: held then even if this process dies or closes the client)
+        self._hold_until: float | None = None
         # The task that owns the hold, while it is watched for ending still holding it.
         self._owner_task: asyncio.Task[Any] | None = None
         self._owner_done: Callable[[asyncio.Task[Any]], None] | None = None
@@ -119,8 +137,20 @@ class Lease:
 
     @property
     def expires_at(self) -> float:
-        """Monotonic time until which this client trusts the lease."""
+        """The loop time (``asyncio.get_running_loop().time()``) until which this client trusts the lease."""
         return self._expires_at
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left until the trusted deadline (0 once the lease is lost or released)."""
+        if not self._held:
+            return 0.0
+        return max(0.0, self._expires_at - _now())
+
+    @property
+    def at_risk(self) -> bool:
+        """True while a renewal has failed and none has succeeded since, and the lease is not lost yet."""
+        return self._at_risk is not None and not self.lost
 
     @property
     def lost(self) -> bool:
@@ -157,6 +187,25 @@ class Lease:
             self._check_deadline()
         return self._reason
 
+    async def wait_at_risk(self) -> str:
+        """Wait until a renewal of this lease fails (or the lease is lost) and return why.
+
+        Returns at once if that is so already. The lease may still recover
+        (the next renewal succeeds); ``at_risk`` says whether it has. Waits
+        forever for a lease that is released without either.
+        """
+        while self._at_risk is None and self._reason is None:
+            if self._risk_event is None:
+                self._risk_event = asyncio.Event()
+            if self._released:
+                await self._risk_event.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(self._expires_at):
+                    await self._risk_event.wait()
+            self._check_deadline()
+        return self._at_risk or self._reason or "lost"
+
     async def release(self) -> None:
         """Release this lease, every hold of it, from any task.
 
@@ -183,8 +232,33 @@ class Lease:
         self._next_due = sent_at + self._ttl / 3
         self._backoff = RETRY_FIRST
         self._last_error = None
-        for scope in self._scopes:
-            scope.deadline = self._expires_at
+        if self._at_risk is not None:
+            self._at_risk = None
+            if self._risk_event is not None:
+                self._risk_event.clear()
+
+    def _mark_at_risk(self, reason: str) -> bool:
+        """A renewal failed: at risk, unless it is so already (True the first time of a streak)."""
+        if self._at_risk is not None or not self._held:
+            return False
+        self._at_risk = reason
+        if self._risk_event is not None:
+            self._risk_event.set()
+        return True
+
+    def _renew_item(self) -> RenewItem:
+        """What the keeper asks the backend to renew (made once, unless the hold must end at ``_hold_until``).
+
+        Until ``_hold_until`` the server keeps the hold to that time plus a
+        request window (the client releases it then, so that is never cut short).
+        """
+        if self._hold_until is not None:
+            left = max(0.0, self._hold_until - _now())
+            return RenewItem(self._ref, self._hold, left + request_window(self._lease_time))
+        item = self._renewal
+        if item is None:
+            item = self._renewal = RenewItem(self._ref, self._hold, self._ttl)
+        return item
 
     def _check_deadline(self) -> bool:
         """Lose the lease if its trusted deadline has passed unnoticed; whether it is lost."""
@@ -215,6 +289,8 @@ class Lease:
         self._loss = loss
         if self._lost_event is not None:
             self._lost_event.set()
+        if self._risk_event is not None:
+            self._risk_event.set()
 
 
 def _now() -> float:

@@ -84,6 +84,8 @@ def legacy_unsupported(kind: str, shape: Shape, hint: str = "") -> NotImplemente
 def shape_of(ref: LockRef) -> Shape:
     if ref.kind == "lock":
         return LOCK
+    if ref.kind == "election":  # (the front asks only backends that implement abc.Elects)
+        raise NotImplementedError("leader election needs a backend that implements asynclock.abc.Elects")
     return Shape(ref.kind, ref.permits if ref.kind == "semaphore" else 1)
 
 

@@ -159,11 +159,20 @@ class Lock:
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
-        scope = anyio.CancelScope(deadline=lease.expires_at)
+        self._enter_body(lease)
+        return lease
+
+    def _enter_body(self, lease: Lease) -> None:
+        """A body starts under ``lease``: it runs in a cancel scope that the lease's loss cancels."""
+        # No deadline of its own: the keeper cancels it when the lease is lost,
+        # at its deadline at the latest (a loop timer, while a body runs under it).
+        scope = anyio.CancelScope()
         scope.__enter__()
         lease._scopes.append(scope)
         self._scopes.setdefault(lease.owner, []).append((lease, scope))
-        return lease
+        keeper = self._locks._keeper
+        if keeper is not None:
+            keeper.guard(lease)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -185,7 +194,7 @@ class Lock:
         if lease.lost:
             reason = lease.lost_reason or "lost"
             if swallowed or exc is None:
-                raise LockLost(self.name, reason) from exc
+                raise LockLost(self.name, reason, lease._loss or LossReason.RENEWAL_FAILED) from exc
             if exc is not None and not isinstance(exc, LockLost):
                 exc.add_note(f"asynclock: the lease on {self.name!r} was lost inside this block: {reason}")
             return False

@@ -10,7 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigurationError, LockError, unavailable
-from ._timing import Backoff, request_window
+from ._timing import Backoff, Deadlines, request_window
 
 if TYPE_CHECKING:
     from ._lease import Lease
@@ -22,7 +22,12 @@ logger = logging.getLogger("asynclock")
 
 
 async def release_by_identity(
-    backend: Backend, lease: Lease, *, raise_errors: bool, give_up: float | None = None
+    backend: Backend,
+    lease: Lease,
+    *,
+    raise_errors: bool,
+    give_up: float | None = None,
+    deadlines: Deadlines | None = None,
 ) -> bool:
     """Release ``lease`` by its hold id, retrying failed requests; whether the server released it.
 
@@ -40,11 +45,13 @@ async def release_by_identity(
         else:
             # Past this time the server has expired the hold by itself.
             give_up = max(lease._expires_at + 2 * lease._ttl, now + 0.05)
+    if deadlines is None:
+        deadlines = Deadlines()
     backoff = Backoff()
     ambiguous = False
     while True:
         try:
-            async with asyncio.timeout_at(give_up):
+            with deadlines.bound(give_up):
                 released = await backend.release(lease._ref, lease._hold)
         except (LockError, OSError, TimeoutError) as exc:
             ambiguous = True

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
-EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned"]
+EventKind = Literal["acquired", "released", "renewed", "lost", "timeout", "abandoned", "at_risk", "ran", "skipped"]
 
 
 class LossReason(enum.StrEnum):
@@ -36,13 +36,21 @@ class LockInfo:
     """
 
     name: str
+    """The lock's name."""
     key: str
+    """The backend's own name for it: Redis key, znode path, advisory key, etcd key."""
     owner: str | None
+    """The holder's id (``<client id>:<owner>`` for asynclock's holders), or None when free."""
     hold_count: int
+    """How many times the holder holds it (re-entry), where the backend keeps it."""
     ttl: float | None
+    """Seconds left on the holder's lease, where the backend knows it."""
     waiters: int | None
+    """How many wait for it, where the backend knows it."""
     token: int | None
+    """The holder's fencing token."""
     holders: tuple[str, ...] = ()
+    """Every holder (several for a read lock or a semaphore)."""
 
     @property
     def held(self) -> bool:
@@ -55,15 +63,55 @@ class LockEvent:
     """One thing that happened to a lock of this client, passed to ``on_event``.
 
     ``wait_s`` is set for ``acquired`` and ``timeout``, ``held_s`` for
-    ``released``, ``lost`` and ``abandoned``; ``reason`` (text) and ``loss``
+    ``released``, ``lost`` and ``abandoned``; ``reason`` (text) for ``lost``
+    and ``at_risk`` (a renewal failed, the lease is not lost yet), and ``loss``
     (a :class:`LossReason`) for ``lost``.
+
+    A singleton job (``locks.singleton``) reports each call: ``ran`` when it
+    ran here (``held_s``: how long the job took; ``reason``: why it did not
+    finish, if it raised or was cut off by ``at_most``), ``skipped`` when
+    another replica runs it or started it less than ``at_least`` seconds ago.
+
+    Example::
+
+        def on_event(event: asynclock.LockEvent) -> None:
+            if event.kind == "lost":
+                log.error("lost %s: %s", event.name, event.reason)
+
+        locks = asynclock.connect(url, on_event=on_event)
     """
 
     kind: EventKind
+    """What happened: acquired, released, renewed, lost, timeout, abandoned or at_risk;
+    ran or skipped for a singleton job."""
     name: str
+    """The lock's name."""
     owner: str
+    """Who: ``<client id>:<owner>``, the owner being a task (``task-N``) or a detached lease."""
     token: int | None = None
+    """The lease's fencing token, where there is one."""
     wait_s: float | None = None
+    """Seconds from calling ``acquire`` to holding, or to timing out."""
     held_s: float | None = None
+    """Seconds from holding to the release, loss or abandonment (for ``ran``: how long the job took)."""
     reason: str | None = None
+    """Why a lease was lost or is at risk (or why a job that ran did not finish), in words."""
     loss: LossReason | None = None
+    """Why a lease was lost, in a word."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """Who leads an election now, as ``await election.leader()`` and ``election.observe()`` give it.
+
+    Two values are equal when they describe the same term.
+    """
+
+    identity: str
+    """The leader's identity (the ``identity=`` of its ``locks.election(...)``, by default ``host:pid:task``;
+    a Curator LeaderLatch's participant id on ZooKeeper)."""
+    token: int | None
+    """The fencing token of its term: strictly greater than every earlier term's of that election."""
+    since: float | None
+    """When the term began, in seconds since the epoch by the server's (memory: this process's) clock;
+    None where the backend keeps no record of it (ZooKeeper)."""

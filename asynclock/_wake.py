@@ -70,11 +70,13 @@ class WakeHub:
         backend: Notifies | None,
         background: set[asyncio.Task[Any]],
         lose: Callable[[Sequence[str] | None, str, LossReason], None],
+        at_risk: Callable[[Sequence[str] | None, str], None],
     ) -> None:
         self._backend = backend
         self._entries: dict[str, _Entry] = {}
         self._background = background
         self._lose = lose
+        self._at_risk = at_risk
 
     def wake_one(self, name: str) -> None:
         entry = self._entries.get(name)
@@ -93,6 +95,10 @@ class WakeHub:
     def lose(self, holds: Sequence[str] | None, reason: str, loss: LossReason = LossReason.CONNECTION_LOST) -> None:
         """These holds (None: all of the client's) are lost, now."""
         self._lose(holds, reason, loss)
+
+    def at_risk(self, holds: Sequence[str] | None, reason: str) -> None:
+        """These holds (None: all of the client's) may be lost soon (e.g. the session is disconnected)."""
+        self._at_risk(holds, reason)
 
     def subscribed(self, name: str) -> bool:
         """Whether release notifications for ``name`` are in effect right now."""

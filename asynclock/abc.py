@@ -40,6 +40,14 @@ Holding and releasing:
 * ``hooks.lose(holds, reason)`` tells the client that holds are lost now
   (a session expired, a connection closed).
 
+Leader election (the kind ``"election"``) is a capability: a backend that
+offers it implements :class:`Elects` as well, and the front refuses
+``locks.election(...)`` (NotImplementedError, no I/O) on one that does not.
+A candidate is an ordinary hold of ``LockRef("election", name,
+identity=...)``: queued FIFO like the fair lock, renewed by the watchdog,
+released by ``release``; the backend keeps ``ref.identity`` with the hold,
+so that ``leader(ref)`` and ``observe(ref)`` can tell who leads.
+
 ``check_kind(kind)`` raises ``NotImplementedError`` (see :func:`unsupported`)
 for a primitive the backend lacks; the front calls it without I/O when a
 handle is made. Each kind has its own keys, so a plain lock and a semaphore
@@ -48,6 +56,13 @@ kinds are one lock, as the fair lock is the plain lock where that is FIFO).
 
 Every method translates its client library's errors into
 ``BackendUnavailable``, ``ConfigurationError`` or ``LockError`` at its edge.
+
+Testing a backend: :mod:`asynclock.testing.conformance` is the contract
+suite that asynclock's own backends pass, as a test class to subclass. A
+backend's tests give it a ``Harness`` (how to connect a client,
+``asynclock.Locks(backend, ...)``; how to expire a hold on the server; what
+a test left behind there; whether it has fencing tokens) and run the same
+tests (see that module's docs).
 """
 
 from __future__ import annotations
@@ -56,14 +71,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from ._values import LockInfo, LossReason
+from ._values import Leader, LockInfo, LossReason
 
 __all__ = [
     "Acquired",
     "Backend",
     "BackendHooks",
     "Busy",
+    "Elects",
     "Kind",
+    "LeaderWatch",
     "Listable",
     "LockRef",
     "Notifies",
@@ -74,8 +91,9 @@ __all__ = [
 ]
 
 #: The primitive a request is about. ``"lock"`` is the plain lock; ``"read"``
-#: and ``"write"`` are the two sides of one read-write lock.
-Kind = Literal["lock", "fair", "read", "write", "semaphore"]
+#: and ``"write"`` are the two sides of one read-write lock; ``"election"`` is
+#: a candidate for leadership (see :class:`Elects`).
+Kind = Literal["lock", "fair", "read", "write", "semaphore", "election"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +111,18 @@ class LockRef:
     * ``semaphore``: at most ``permits`` holds at once; each hold has its own
       fencing token and its own expiry. Clients that ask for one name with
       different ``permits`` are refused with ``ValueError``.
+    * ``election``: one holder (the leader) at a time, granted in the order
+      the acquires reached the server, like ``fair``; each new leader's token
+      is greater than every earlier leader's of that name. ``identity`` (the
+      candidate's, set on every request of a candidate, None in ``leader`` and
+      ``observe``) is kept with the hold for others to read. An election is
+      a name space of its own: it never shares keys with a lock of that name.
     """
 
     kind: Kind
     name: str
     permits: int = 1
+    identity: str | None = None
 
     @property
     def mode(self) -> Literal["x", "r", "s"]:
@@ -172,6 +197,10 @@ class BackendHooks(Protocol):
     def lose(self, holds: Sequence[str] | None, reason: str, loss: LossReason = LossReason.CONNECTION_LOST) -> None:
         """These holds (None: every hold of this client) are lost, now."""
 
+    def at_risk(self, holds: Sequence[str] | None, reason: str) -> None:
+        """These holds (None: every hold of this client) may be lost soon (a session disconnected):
+        the client tells their holders, who may checkpoint."""
+
 
 class Backend(Protocol):
     """The requests every backend answers."""
@@ -228,6 +257,42 @@ class Notifies(Protocol):
         """Stop release notifications for ``name``."""
 
 
+class LeaderWatch(Protocol):
+    """What :meth:`Elects.observe` returns: the changes of one election's leader, read one at a time."""
+
+    async def next(self) -> Leader | None:
+        """The leader now (first call), then the leader after the next change; None while nobody leads.
+
+        Waits without polling: for a server event, or until the current
+        leader's hold expires if the server sends no event for that. It may
+        return the same leader again (the front drops repeats), and must
+        return every leader a change made when it can tell them apart (a
+        backend that only learns the latest state after an event returns
+        that). Runs in the caller's task and leaves nothing running when
+        cancelled. Raises BackendUnavailable (or LockError) when the server
+        cannot be asked; the front retries.
+        """
+
+    def close(self) -> None:
+        """Forget what the watch registered; no I/O (a server-side watch left armed is harmless)."""
+
+
+@runtime_checkable
+class Elects(Protocol):
+    """A backend that serves leader elections (``LockRef`` kind ``"election"``).
+
+    Besides answering ``try_acquire``, ``wait_queued``, ``release``,
+    ``renew`` and ``info`` for election refs (kept with ``ref.identity``), it
+    tells who leads.
+    """
+
+    async def leader(self, ref: LockRef) -> Leader | None:
+        """The current leader of the election ``ref.name`` (identity, token, since), or None; one read."""
+
+    def observe(self, ref: LockRef) -> LeaderWatch:
+        """A watch on the leader of the election ``ref.name``; no I/O until its first ``next()``."""
+
+
 @runtime_checkable
 class Listable(Protocol):
     """A backend that can list the plain locks held under its prefix (``asynclock inspect``)."""
@@ -242,6 +307,7 @@ _WHAT = {
     "write": "a read-write lock",
     "semaphore": "a semaphore",
     "lock": "a lock",
+    "election": "leader election",
 }
 
 

@@ -97,9 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="JSON instead of a table")
     inspect.add_argument(
         "--kind",
-        choices=("lock", "fair", "rw", "semaphore"),
+        choices=("lock", "fair", "rw", "semaphore", "election"),
         default="lock",
-        help="which primitive the names are (default: lock); HOLDER shows one holder and how many more",
+        help="which primitive the names are (default: lock); HOLDER shows one holder and how many more"
+        " (an election's: the leader's identity)",
     )
     inspect.add_argument(
         "--timeout",

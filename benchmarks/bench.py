@@ -1,6 +1,6 @@
 """Run the scenarios, check the targets, write the table, the JSON and the chart.
 
-``python -m benchmarks [--quick] [--backends memory,redis,zookeeper,postgres]
+``python -m benchmarks [--quick] [--backends memory,redis,zookeeper,postgres,etcd]
 [--no-peers] [--scenarios uncontended,contended,herd,watchdog] [--out DIR]``
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -26,10 +27,17 @@ from typing import Any
 from . import report
 from .servers import Servers, server_counter, started
 from .subjects import BY_KEY, PEERS, SUBJECTS, Subject, async_client, thread_client
-from .workload import Counter, contention_metrics, install_redis_counter, percentile, run_contended
+from .workload import (
+    Counter,
+    contention_metrics,
+    install_asyncpg_counter,
+    install_redis_counter,
+    percentile,
+    run_contended,
+)
 
-BACKENDS = ["memory", "redis", "zookeeper", "postgres"]
-SCENARIOS = ["uncontended", "contended", "herd", "watchdog"]
+BACKENDS = ["memory", "redis", "zookeeper", "postgres", "etcd"]
+SCENARIOS = ["uncontended", "contended", "herd", "watchdog", "connections", "election"]
 
 
 @dataclass(frozen=True)
@@ -47,10 +55,12 @@ class Plan:
     watchdog_ttl: float
     watchdog_periods: int
     repeats: int  # contended runs per subject, in passes over all subjects; the best by throughput is kept
+    terms: int  # leader hand-overs measured per backend and ttl
+    election_ttls: tuple[float, ...]
 
 
-FULL = Plan(2000, 5, 50, 8, 4, 2.5, 0.001, (8, 64), 1.5, (1000, 10000), 3.0, 3, 2)
-QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2, 1)
+FULL = Plan(2000, 5, 50, 8, 4, 2.5, 0.001, (8, 64), 1.5, (1000, 10000), 3.0, 3, 2, 200, (2.0, 10.0))
+QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2, 1, 20, (2.0,))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,7 +94,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     libs: dict[str, str | None] = {}
-    for dist in ("asynclock", "redis", "python-redis-lock", "pottery", "aiozk", "kazoo", "asyncpg"):
+    for dist in ("asynclock", "redis", "python-redis-lock", "pottery", "aiozk", "kazoo", "asyncpg", "grpcio"):
         try:
             libs[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -107,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.window:
         plan = dataclasses.replace(plan, window=args.window, herd_window=args.window)
     install_redis_counter()
+    install_asyncpg_counter()
     chosen = [s for s in SUBJECTS if s.backend in args.backends and not (args.no_peers and s.key in PEERS)]
     results: dict[str, Any] = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -138,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             results["herd"] = herd(runnable, servers, plan, results["skipped"])
         if "watchdog" in args.scenarios:
             results["watchdog"] = asyncio.run(watchdog(runnable, servers, plan, results["skipped"]))
+        if "connections" in args.scenarios:
+            results["connections"] = asyncio.run(connections(runnable, servers, results["skipped"]))
+        if "election" in args.scenarios:
+            results["election"] = asyncio.run(election(servers, plan, results["skipped"]))
     results["load_avg_end"] = os.getloadavg()
     results["targets"] = report.targets(results)
     out = Path(args.out)
@@ -195,9 +210,9 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
             await _loop(handle, plan.warmup, threads)
             counter = server_counter(servers, subject.backend)
             before = counter[0]() if counter else None
-            trips_before = Counter.value
+            trips_before = _round_trips(_client)
             samples[key] += await _loop(handle, per_round, threads)
-            trips[key] += Counter.value - trips_before
+            trips[key] += _round_trips(_client) - trips_before
             if counter:
                 after = counter[1]()
                 if isinstance(after, dict):
@@ -227,12 +242,20 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
             row["round_trips_per_acq"] = trips[key] / count
         elif subject.backend == "zookeeper":
             row["requests_per_acq"] = commands[key]["requests"] / count
+        elif subject.backend in ("postgres", "etcd"):
+            row["round_trips_per_acq"] = trips[key] / count
         out[key] = row
     for key, row in out.items():
         subject = BY_KEY[key]
         floor = next((s.key for s in SUBJECTS if s.floor and s.backend == subject.backend and s.key in out), None)
         row["ratio_to_floor"] = row["median_us"] / out[floor]["median_us"] if floor else None
     return out
+
+
+def _round_trips(client: Any) -> int:
+    """Requests sent so far: counted by the subject (etcd), else by the shared counter (Redis, asyncpg)."""
+    own = client.round_trips() if hasattr(client, "round_trips") else None
+    return Counter.value if own is None else int(own)
 
 
 async def _loop(handle: Any, count: int, threads: bool) -> list[float]:
@@ -355,6 +378,132 @@ def herd(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[st
 # -- 6. watchdog scale ----------------------------------------------------------------
 
 
+#: Different locks one client tries to hold at once, and tasks waiting for one held lock.
+MANY_LOCKS = 1000
+WAITERS = 20
+
+
+async def connections(subjects: list[Subject], servers: Servers, skipped: dict[str, str]) -> dict[str, Any]:
+    """PostgreSQL: the server connections one client uses to hold many locks, and to wait for one.
+
+    Holds are asked with ``timeout=0`` (a hold that would need a connection
+    the client does not have is refused, not waited for). Connections are
+    the client's pool size once the holds are taken, or while the waiters
+    wait (each waiter is queued when the count is read).
+    """
+    import asynclock
+
+    out: dict[str, Any] = {}
+    if not any(subject.key == "asynclock-postgres" for subject in subjects):
+        return out
+    log(f"connections: one postgresql:// client holding {MANY_LOCKS} locks; {WAITERS} waiters on one")
+    url = servers.urls["postgres"]
+    try:
+        async with asynclock.connect(url, ttl=10, prefix="conns") as locks:
+            leases = []
+            for i in range(MANY_LOCKS):
+                with contextlib.suppress(asynclock.LockTimeout):
+                    leases.append(await locks.lock(f"many-{i}").acquire(timeout=0, detached=True))
+            out["hold_many"] = {"asked": MANY_LOCKS, "held": len(leases), "connections": locks.backend.pool.get_size()}
+            for lease in leases:
+                await lease.release()
+        async with (
+            asynclock.connect(url, ttl=10, prefix="waits") as holder,
+            asynclock.connect(url, ttl=10, prefix="waits") as locks,
+        ):
+            held = await holder.lock("one").acquire(detached=True)
+            one = locks.lock("one")
+
+            async def wait_then_release() -> None:
+                lease = await one.acquire(timeout=30, detached=True)
+                await lease.release()  # at once: the waiters are granted in the server's order
+
+            waiters = [asyncio.create_task(wait_then_release()) for _ in range(WAITERS)]
+            deadline = time.monotonic() + 30
+            while (await locks.lock("one").info()).waiters < WAITERS and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            out["wait_one"] = {
+                "waiters": WAITERS,
+                "queued": (await locks.lock("one").info()).waiters,
+                "connections": locks.backend.pool.get_size(),
+            }
+            await held.release()
+            await asyncio.gather(*waiters)
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        skipped["connections:asynclock-postgres"] = f"failed: {exc!r}"[:200]
+        log(f"connections failed: {exc!r}")
+    return out
+
+
+#: Candidates taking turns in the hand-over scenario, each with a client (a session) of its own.
+CANDIDATES = 3
+
+
+async def election(servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:
+    """Leader hand-over: how long after a leader's resign the next candidate's term starts, per ttl."""
+    import asynclock
+
+    out: dict[str, Any] = {}
+    for backend, url in servers.urls.items():
+        probe = asynclock.connect(url)
+        try:
+            probe.election("probe")
+        except NotImplementedError:
+            out[f"asynclock-{backend}"] = {"elections": False}
+            continue
+        finally:
+            await probe.aclose()
+        for ttl in plan.election_ttls:
+            key = f"asynclock-{backend}:{ttl:g}"
+            log(f"election: {key}, {plan.terms} hand-overs between {CANDIDATES} candidates")
+            try:
+                out[key] = await _handovers(asynclock, url, ttl, plan)
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                skipped[f"election:{key}"] = f"failed: {exc!r}"[:200]
+                log(f"election {key} failed: {exc!r}")
+    return out
+
+
+async def _handovers(asynclock: Any, url: str, ttl: float, plan: Plan) -> dict[str, Any]:
+    """Candidates lead in turn, each for ``plan.hold`` seconds, then resign: the resign-to-start gaps."""
+    starts: list[float] = []
+    resigns: list[float] = []
+    enough = asyncio.Event()
+    clients = [asynclock.connect(url, ttl=ttl, prefix=f"handover{int(ttl * 1000)}") for _ in range(CANDIDATES)]
+    async with contextlib.AsyncExitStack() as stack:
+        for locks in clients:
+            await stack.enter_async_context(locks)
+
+        async def candidate(index: int) -> None:
+            election = clients[index].election("bench", identity=f"candidate-{index}")
+            while not enough.is_set():
+                async with election.leadership():
+                    starts.append(time.monotonic())
+                    await asyncio.sleep(plan.hold)
+                    if len(starts) > plan.terms:
+                        enough.set()
+                    resigns.append(time.monotonic())
+                    await election.resign()
+
+        tasks = [asyncio.create_task(candidate(index)) for index in range(CANDIDATES)]
+        try:
+            async with asyncio.timeout(60 + plan.terms):
+                await enough.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    gaps = [(start - resigned) * 1000 for resigned, start in zip(resigns, starts[1:], strict=False)]
+    p99 = percentile(gaps, 99)
+    return {
+        "ttl": ttl,
+        "handovers": len(gaps),
+        "median_ms": statistics.median(gaps),
+        "p99_ms": p99,
+        "p99_share_of_ttl": p99 / 1000 / ttl,
+    }
+
+
 async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:
     """Many leases held by one client: what keeping them alive costs per renewal period."""
     import asynclock
@@ -366,7 +515,7 @@ async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skippe
         if subject.backend == "postgres":
             skipped["watchdog:asynclock-postgres"] = "not run: every PostgreSQL lease is its own server connection"
             continue
-        sizes = plan.watchdog if subject.backend != "zookeeper" else plan.watchdog[:1]
+        sizes = plan.watchdog if subject.backend not in ("zookeeper", "etcd") else plan.watchdog[:1]
         for size in sizes:
             log(f"watchdog: {subject.key}, {size} leases, ttl {plan.watchdog_ttl}s")
             key = f"{subject.key}:{size}"
@@ -408,7 +557,8 @@ async def _watchdog_one(asynclock: Any, subject: Subject, servers: Servers, size
             # let the renewals of the acquisition phase settle into their rhythm
             await asyncio.sleep(1.5 * period)
             renewals = keeper.round_trips
-            wire = Counter.value
+            etcd_client = getattr(locks.backend, "client", None) if subject.backend == "etcd" else None
+            wire = Counter.value if etcd_client is None else etcd_client.requests
             server_before = counter[0]() if counter else None
             cpu, wall = time.process_time(), time.monotonic()
             await asyncio.sleep(plan.watchdog_periods * period)
@@ -429,6 +579,8 @@ async def _watchdog_one(asynclock: Any, subject: Subject, servers: Servers, size
                 row["server_commands_per_period"] = sum(stats.values()) / periods
             elif subject.backend == "zookeeper" and counter:
                 row["server_requests_per_period"] = (counter[1]() - server_before) / periods
+            elif etcd_client is not None:
+                row["round_trips_per_period"] = (etcd_client.requests - wire) / periods
         finally:
             go_release.set()
             await asyncio.wait(tasks, timeout=300)

@@ -74,7 +74,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         1.0,
         unit="x",
     )
-    for key in ("asynclock-memory", "asynclock-redis", "asynclock-zookeeper", "asynclock-postgres"):
+    for key in ("asynclock-memory", "asynclock-redis", "asynclock-zookeeper", "asynclock-postgres", "asynclock-etcd"):
         if key in con:
             check(f"{_label(key)}: smallest worker share / mean", get(con, key, "share_min"), 0.5, at_least=True)
     for key in ("asynclock-redis", "asynclock-zookeeper"):
@@ -90,6 +90,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         unit="x",
     )
     check("PostgreSQL acquire+release / raw floor", get(unc, "asynclock-postgres", "ratio_to_floor"), 1.2, unit="x")
+    many = results.get("connections", {}).get("hold_many")
+    if many is not None:
+        # Met only if every lock was held: connections for the holds that were refused do not count.
+        used = float(many["connections"]) if many["held"] == many["asked"] else math.inf
+        check(f"PostgreSQL connections for {many['asked']:,} held locks", used, 4)
+    check("etcd acquire+release / raw floor", get(unc, "asynclock-etcd", "ratio_to_floor"), 1.2, unit="x")
     check(
         "Redis: round trips per renewal period, 10,000 leases",
         get(wd, "asynclock-redis:10000", "round_trips_per_period"),
@@ -202,6 +208,40 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{_f(row.get('round_trips_per_period'), 1)} | {_f(server, 0)} | "
                 f"{_f(row['cpu_ms_per_period'], 1)} | {_f(row['cpu_share'] * 100, 0, '%')} | "
                 f"{row['held_after']:,} |"
+            )
+        lines.append("")
+    conns = results.get("connections")
+    if conns:
+        lines += [
+            "**7. Connections** (PostgreSQL: one asynclock client; holds asked with timeout=0)",
+            "",
+            "| what | asked | held or queued | server connections |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        if "hold_many" in conns:
+            row = conns["hold_many"]
+            lines.append(f"| hold different locks | {row['asked']:,} | {row['held']:,} | {row['connections']} |")
+        if "wait_one" in conns:
+            row = conns["wait_one"]
+            lines.append(f"| wait for one held lock | {row['waiters']} | {row['queued']} | {row['connections']} |")
+        lines.append("")
+    handovers = results.get("election")
+    if handovers:
+        lines += [
+            "**8. Leader hand-over** (3 candidates with a client each take turns: each leads 1 ms, then"
+            " resigns; from the resign to the next leader's start)",
+            "",
+            "| backend | ttl s | hand-overs | median ms | p99 ms | p99 / ttl |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for key, row in handovers.items():
+            if not row.get("elections", True):
+                lines.append(f"| {_label(key)} | - | - | - | - | no leader election on this backend yet |")
+                continue
+            subject, _ = key.split(":")
+            lines.append(
+                f"| {_label(subject)} | {row['ttl']:g} | {row['handovers']} | {_f(row['median_ms'])} | "
+                f"{_f(row['p99_ms'])} | {_f(row['p99_share_of_ttl'] * 100, 2, '%')} |"
             )
         lines.append("")
     checks = results.get("targets") or []

@@ -13,6 +13,7 @@ if ! { command -v initdb && command -v postgres; } >/dev/null 2>&1 \
 fi
 compgen -G "/usr/share/java/zookeeper*.jar" >/dev/null || missing+=(zookeeper)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing: ${missing[*]}"
@@ -26,8 +27,8 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import asynclock, redis_lock, pottery, aiozk, kazoo, asyncpg, matplotlib' 2>/dev/null; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[redis,zookeeper,postgres]' \
+if ! .venv/bin/python -c 'import asynclock, redis_lock, pottery, aiozk, kazoo, asyncpg, grpc, matplotlib' 2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[redis,zookeeper,postgres,etcd]' \
         -r requirements/benchmarks.txt
 fi
 exec .venv/bin/python -m benchmarks "$@"

@@ -72,6 +72,15 @@ def _start(backend: str, servers: Servers) -> None:
             [str(server.bin_dir / "postgres"), "--version"], capture_output=True, text=True, check=False
         ).stdout.strip()
         servers.versions["postgres"] = version.replace("postgres (PostgreSQL) ", "PostgreSQL ")
+    elif backend == "etcd":
+        from tests.servers.etcd import EtcdServer
+
+        server = EtcdServer()
+        servers.handles["etcd"] = server
+        server.start(timeout=60)
+        servers.urls["etcd"] = server.url
+        version = subprocess.run([server.binary, "--version"], capture_output=True, text=True, check=False).stdout
+        servers.versions["etcd"] = "etcd " + version.split("Version:", 1)[-1].split()[0]
     else:
         raise ValueError(f"unknown backend {backend!r}")
 

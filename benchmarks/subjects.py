@@ -37,7 +37,7 @@ class SyncHandle(Protocol):
 class Subject:
     key: str  # unique id, used in JSON and on the command line
     label: str  # what the table shows
-    backend: str  # memory | redis | zookeeper | postgres
+    backend: str  # memory | redis | zookeeper | postgres | etcd
     threads: bool  # synchronous library, workers are threads
     floor: bool  # a raw floor, not a lock library
     contended: bool  # takes part in the contention and herd runs
@@ -63,6 +63,8 @@ SUBJECTS: list[Subject] = [
     Subject("kazoo", "kazoo Lock (threads)", "zookeeper", True, False, True, ("kazoo",)),
     Subject("raw-postgres", "raw pg_advisory_lock + unlock (asyncpg)", "postgres", False, True, True, ("asyncpg",)),
     Subject("asynclock-postgres", "asynclock postgresql://", "postgres", False, False, True, ("asyncpg",)),
+    Subject("raw-etcd", "raw Put(lease) + Delete (grpc)", "etcd", False, True, False, ("grpc",)),
+    Subject("asynclock-etcd", "asynclock etcd://", "etcd", False, False, True, ("grpc",)),
 ]
 
 BY_KEY = {subject.key: subject for subject in SUBJECTS}
@@ -86,6 +88,10 @@ class AsyncClient:
     async def close(self) -> None:
         raise NotImplementedError
 
+    def round_trips(self) -> int | None:
+        """Requests sent so far, where the subject counts them (None: not counted)."""
+        return None
+
 
 class AsynclockClient(AsyncClient):
     def __init__(self, fair: bool = False) -> None:
@@ -103,6 +109,11 @@ class AsynclockClient(AsyncClient):
 
     async def close(self) -> None:
         await self.locks.aclose()
+
+    def round_trips(self) -> int | None:
+        client = getattr(self.locks.backend, "client", None)
+        requests = getattr(client, "requests", None)  # the etcd backend counts what it sends
+        return requests if isinstance(requests, int) else None
 
 
 class _AsynclockHandle:
@@ -284,6 +295,54 @@ class _RawPgHandle:
         await self.conn.execute("SELECT pg_advisory_unlock($1)", self.key)
 
 
+class RawEtcdClient(AsyncClient):
+    """The floor: one Put of a key attached to a lease to take, one Delete to give back.
+
+    The requests are asynclock's hand-written protobuf bytes (etcd's own
+    messages), sent on a plain grpc.aio channel: no lock recipe, no checks.
+    """
+
+    async def open(self, url: str) -> None:
+        import grpc.aio
+
+        from asynclock.backends.etcd import _replies, _wire
+
+        self.wire = _wire
+        self.channel = grpc.aio.insecure_channel(url.split("://", 1)[1].split("/", 1)[0])
+        self.put = self.channel.unary_unary("/etcdserverpb.KV/Put")
+        self.delete = self.channel.unary_unary("/etcdserverpb.KV/DeleteRange")
+        grant = self.channel.unary_unary("/etcdserverpb.Lease/LeaseGrant")
+        answer = _replies.LeaseResult.parse(await grant(_wire.lease_grant_request(int(TTL)), timeout=30))
+        self.lease = answer.lease_id
+        self.requests = 1
+
+    def handle(self, name: str) -> AsyncHandle:
+        return _RawEtcdHandle(self, f"raw/{name}/{secrets.token_hex(6)}".encode())
+
+    async def close(self) -> None:
+        revoke = self.channel.unary_unary("/etcdserverpb.Lease/LeaseRevoke")
+        await revoke(self.wire.lease_id_request(self.lease), timeout=5)
+        await self.channel.close()
+
+    def round_trips(self) -> int | None:
+        return self.requests
+
+
+class _RawEtcdHandle:
+    def __init__(self, owner: RawEtcdClient, key: bytes) -> None:
+        self.owner = owner
+        self.put = owner.wire.put_request(key, lease=owner.lease)
+        self.delete = owner.wire.delete_request(key)
+
+    async def acquire(self) -> None:
+        self.owner.requests += 1
+        await self.owner.put(self.put, timeout=TTL)
+
+    async def release(self) -> None:
+        self.owner.requests += 1
+        await self.owner.delete(self.delete, timeout=TTL)
+
+
 # -- thread clients -----------------------------------------------------------
 
 
@@ -356,6 +415,7 @@ def async_client(key: str) -> AsyncClient:
         "raw-zookeeper": RawZooKeeperClient,
         "aiozk": AiozkClient,
         "raw-postgres": RawPostgresClient,
+        "raw-etcd": RawEtcdClient,
     }
     client: AsyncClient = factories[key]()
     return client

@@ -11,7 +11,10 @@ compare directly.
 Client round trips to Redis are counted by wrapping redis-py's
 ``send_packed_command`` (sync and asyncio): every request written to a
 connection, a pipeline counting once, pub/sub (UN)SUBSCRIBE included, incoming
-pub/sub messages not.
+pub/sub messages not. Round trips to PostgreSQL are counted by wrapping
+asyncpg's ``Connection._execute`` (every prepared-statement request: one
+Bind/Execute/Sync exchange) and ``Connection.execute`` without arguments (one
+simple query, however many statements it holds).
 """
 
 from __future__ import annotations
@@ -66,6 +69,31 @@ def install_redis_counter() -> None:
     async_conn.AbstractConnection.send_packed_command = counted_async  # type: ignore[method-assign]
     sync_conn.AbstractConnection.send_packed_command = counted_sync  # type: ignore[method-assign]
     Counter.installed = True
+
+
+def install_asyncpg_counter() -> None:
+    """Count asyncpg requests into ``Counter`` too (the uncontended scenario's round trips per pair)."""
+    try:
+        from asyncpg.connection import Connection
+    except ImportError:
+        return
+    if getattr(Connection, "_counted", False):
+        return
+    execute = Connection._execute
+    simple = Connection.execute
+
+    async def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        Counter.value += 1
+        return await execute(self, *args, **kwargs)
+
+    async def counted_simple(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        if not args:
+            Counter.value += 1
+        return await simple(self, query, *args, **kwargs)
+
+    Connection._execute = counted_execute  # type: ignore[method-assign]
+    Connection.execute = counted_simple  # type: ignore[method-assign]
+    Connection._counted = True  # type: ignore[attr-defined]
 
 
 # -- worker loops ---------------------------------------------------------------

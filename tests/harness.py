@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import Iterator
-from types import TracebackType
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -14,62 +12,21 @@ import redis.asyncio as aioredis
 import asynclock
 from asynclock.backends import memory
 from asynclock.backends.redis import RedisBackend
+from asynclock.testing import conformance
 from tests.servers import RedisServer
 
 
-class Harness:
-    """What the contract suite needs from a backend."""
+class Harness(conformance.Harness):
+    """What the project's tests need from a backend: the conformance suite's
+    harness, plus the faults and the primitives the backend-specific tests use."""
 
     kind = "?"
     #: whether killing the server / its connections is possible
     can_pause = False
-    #: whether the server keeps the hold count (info().hold_count of a re-entered lock)
-    server_counts = True
-
-    def __init__(self) -> None:
-        self.prefix = f"t{secrets.token_hex(4)}"
-        self._clients: list[asynclock.Locks] = []
-
-    @property
-    def url(self) -> str:
-        raise NotImplementedError
-
-    def connect(self, **options: Any) -> asynclock.Locks:
-        options.setdefault("prefix", self.prefix)
-        locks = asynclock.connect(self.url, **options)
-        self._clients.append(locks)
-        return locks
-
-    async def expire(self, name: str) -> bool:
-        """Remove the hold on ``name`` server-side, as an expiry would (no notification)."""
-        raise NotImplementedError
-
-    async def leftovers(self) -> list[str]:
-        """Keys (or nodes) of this test's prefix still present, fence counters aside.
-
-        Includes what the fair lock, read-write lock and semaphore leave.
-        """
-        raise NotImplementedError
 
     async def expire_shape(self, kind: str, name: str) -> bool:
         """Like ``expire`` for the primitive ``kind`` ("fair", "write", "semaphore") of ``name``."""
         raise NotImplementedError
-
-    async def __aenter__(self) -> Harness:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        for locks in self._clients:
-            await locks.aclose()
-        if exc_type is None:
-            left = await self.leftovers()
-            assert not left, f"test left locks behind: {left}"
-        await self.close()
-
-    async def close(self) -> None:
-        pass
 
 
 class MemoryHarness(Harness):

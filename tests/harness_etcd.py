@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from asynclock._legacy import Shape
+from asynclock.abc import LockRef
 from asynclock.backends.etcd import EtcdBackend
 from asynclock.backends.etcd._client import EtcdClient
 from asynclock.backends.etcd._recipe import rw_holders
-from asynclock.backends.etcd._wire import ASCEND, SORT_CREATE, KeyValue, prefix_end, range_request
+from asynclock.backends.etcd._replies import KeyValue
+from asynclock.backends.etcd._wire import ASCEND, SORT_CREATE, prefix_end, range_request
 from tests.harness import Harness
 from tests.servers.etcd import EtcdServer
 
@@ -66,7 +67,7 @@ class EtcdHarness(Harness):
     async def expire(self, name: str) -> bool:
         """Delete the holder's key server-side, as an administrator would."""
         admin = await self.admin()
-        contenders = await admin.keys(self._keys.lock_key(name) + "/")
+        contenders = await admin.keys(self._keys.lock_key(LockRef("lock", name)) + "/")
         return bool(contenders) and await admin.delete(contenders[0].key)
 
     async def expire_shape(self, kind: str, name: str) -> bool:
@@ -74,7 +75,7 @@ class EtcdHarness(Harness):
         if kind in ("fair", "lock"):
             return await self.expire(name)
         admin = await self.admin()
-        key = self._keys.primitive(Shape(kind)).lock_key(name)  # type: ignore[arg-type]
+        key = self._keys.lock_key(LockRef(kind, name))  # type: ignore[arg-type]
         if kind == "semaphore":
             holders = await admin.keys(f"{key}/leases/")  # every lease: any permit count
         else:

@@ -7,9 +7,11 @@ from typing import Any
 from aiozk import protocol
 from aiozk.protocol.acl import ACL, ID
 
-from asynclock._legacy import Shape
-from asynclock.backends._zk_session import NO_NODE, ZkError, ZkSession
-from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders, _rw_holders, _sequence
+from asynclock.abc import LockRef
+from asynclock.backends.zookeeper import ZooKeeperBackend
+from asynclock.backends.zookeeper._recipe import contenders_of, rw_holders, sequence
+from asynclock.backends.zookeeper._session import ZkSession
+from asynclock.backends.zookeeper._wire import NO_NODE, ZkError
 from tests.harness import Harness
 from tests.servers.zookeeper import ZooKeeperServer
 
@@ -89,7 +91,7 @@ class AdminClient:
 
     async def contenders(self, path: str) -> list[str]:
         """Full paths of the lock contenders under ``path``, holder first."""
-        return [f"{path}/{child}" for child in _contenders(await self.children(path))]
+        return [f"{path}/{child}" for child in contenders_of(await self.children(path))]
 
     async def close(self) -> None:
         await self.session.close(1.0)
@@ -114,7 +116,7 @@ class ZooKeeperHarness(Harness):
 
     @property
     def base(self) -> str:
-        return self._keys.lock_key("x").rsplit("/", 1)[0]
+        return self._keys.lock_key(LockRef("lock", "x")).rsplit("/", 1)[0]
 
     async def admin(self) -> AdminClient:
         if self._admin is None:
@@ -124,7 +126,7 @@ class ZooKeeperHarness(Harness):
     async def expire(self, name: str) -> bool:
         """Delete the holder's lock node server-side: how a ZooKeeper lock is lost."""
         admin = await self.admin()
-        holders = await admin.contenders(self._keys.lock_key(name))
+        holders = await admin.contenders(self._keys.lock_key(LockRef("lock", name)))
         return bool(holders) and await admin.delete(holders[0])
 
     async def expire_shape(self, kind: str, name: str) -> bool:
@@ -132,11 +134,11 @@ class ZooKeeperHarness(Harness):
         if kind in ("fair", "lock"):
             return await self.expire(name)
         admin = await self.admin()
-        key = self._keys.primitive(Shape(kind)).lock_key(name)  # type: ignore[arg-type]
+        key = self._keys.lock_key(LockRef(kind, name))  # type: ignore[arg-type]
         if kind == "semaphore":
             holders = await admin.contenders(f"{key}/leases")  # every lease: any permit count
         else:
-            holders = [f"{key}/{child}" for child in _rw_holders(_contenders(await admin.children(key)))]
+            holders = [f"{key}/{child}" for child in rw_holders(contenders_of(await admin.children(key)))]
         deleted = [await admin.delete(path) for path in holders]
         return any(deleted)
 
@@ -147,7 +149,7 @@ class ZooKeeperHarness(Harness):
         async def walk(path: str) -> list[str]:
             found = []
             for child in await admin.children(path):
-                if _sequence(child) is not None:
+                if sequence(child) is not None:
                     found.append(f"{path}/{child}")
                 else:
                     found += await walk(f"{path}/{child}")

@@ -59,3 +59,14 @@ def test_missing_extra_gives_an_install_hint() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "pip install 'asynclock[redis]'" in done.stderr
+
+
+def test_public_classes_say_they_are_asynclocks() -> None:
+    """Tracebacks and reprs show ``asynclock.Lock``, not the private module it lives in."""
+    for name in asynclock.__all__:
+        value = getattr(asynclock, name)
+        if isinstance(value, type):
+            assert value.__module__ == "asynclock", name
+    assert repr(asynclock.Lock) == "<class 'asynclock.Lock'>"
+    lost = asynclock.LockLost("n", "why", asynclock.LossReason.CONNECTION_LOST)
+    assert lost.loss is asynclock.LossReason.CONNECTION_LOST

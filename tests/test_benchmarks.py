@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.servers import redis_server_binary
+from tests.servers.etcd import etcd_binary
+from tests.servers.postgres import postgres_bin_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +35,14 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    for heading in ("Uncontended acquire+release", "Contended handoff", "Herd", "Watchdog scale", "Targets"):
+    for heading in (
+        "Uncontended acquire+release",
+        "Contended handoff",
+        "Herd",
+        "Watchdog scale",
+        "Leader hand-over",
+        "Targets",
+    ):
         assert heading in proc.stdout
     assert "| asynclock redis:// |" in proc.stdout
 
@@ -77,6 +86,85 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
         assert row["renew_calls_per_period"] > 0
     assert watchdog["asynclock-redis:1000"]["server_commands_per_period"] > 0
 
+    handover = results["election"]
+    row = handover["asynclock-memory:2"]
+    assert row["handovers"] == 20 and 0 < row["median_ms"] <= row["p99_ms"]
+    assert row["p99_share_of_ttl"] == row["p99_ms"] / 1000 / row["ttl"]
+    # a backend without elections gets a row that says so (one with them, its measured rows)
+    assert handover.get("asynclock-redis") == {"elections": False} or "asynclock-redis:2" in handover
+
     targets = {t["target"]: t for t in results["targets"]}
     assert targets["Redis acquire+release / raw floor"]["met"] in (True, False)
     assert targets["ZooKeeper acquire+release / raw floor"]["met"] is None  # not run here
+
+
+@pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL not installed")
+def test_quick_postgres_run_counts_round_trips_and_connections(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks", "--quick", "--backends", "postgres"),
+            *("--scenarios", "uncontended,connections", "--out", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "latest.json").read_text())
+    assert results["skipped"] == {}
+    unc = results["uncontended"]
+    # the raw floor is pg_advisory_lock then pg_advisory_unlock: two round trips
+    assert unc["raw-postgres"]["round_trips_per_acq"] == 2.0
+    assert unc["asynclock-postgres"]["round_trips_per_acq"] >= 2.0
+    conns = results["connections"]
+    many, waits = conns["hold_many"], conns["wait_one"]
+    assert many["asked"] == 1000 and 0 < many["held"] <= 1000 and many["connections"] >= 1
+    assert waits["waiters"] == waits["queued"] == 20 and waits["connections"] >= 1
+    assert "Connections" in proc.stdout
+    assert any(t["target"] == "PostgreSQL connections for 1,000 held locks" for t in results["targets"])
+
+
+@pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
+def test_quick_run_measures_etcd_against_its_raw_floor(tmp_path: Path) -> None:
+    """``--backends etcd`` starts an etcd, measures the raw Put+Delete floor and
+    asynclock next to it (two round trips each when uncontended), runs the
+    contended workers without overlap, and checks the target against the floor."""
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--backends", "etcd", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| asynclock etcd:// |" in proc.stdout
+    results = json.loads((out / "latest.json").read_text())
+    assert results["servers"]["etcd"].startswith("etcd 3.")
+    assert results["skipped"] == {}
+
+    unc = results["uncontended"]
+    assert set(unc) == {"raw-etcd", "asynclock-etcd"}
+    assert unc["raw-etcd"]["ratio_to_floor"] == 1.0
+    assert unc["raw-etcd"]["round_trips_per_acq"] == 2.0
+    # the Mutex's create transaction reads the first contender too: one request, and the delete
+    assert unc["asynclock-etcd"]["round_trips_per_acq"] == 2.0
+    assert unc["asynclock-etcd"]["ratio_to_floor"] > 0
+
+    row = results["contended"]["asynclock-etcd"]
+    assert row["overlaps"] == 0, "two workers held the lock at once"
+    assert row["stuck"] == 0 and row["errors"] == []
+    assert row["acquisitions"] > 0 and row["handoffs"] > 0
+
+    (watchdog,) = results["watchdog"].values()
+    assert watchdog["held_after"] == watchdog["leases"], "a lease was lost while only the watchdog ran"
+    assert watchdog["round_trips_per_period"] > 0
+
+    targets = {t["target"]: t for t in results["targets"]}
+    assert targets["etcd acquire+release / raw floor"]["met"] in (True, False)

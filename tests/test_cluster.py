@@ -20,16 +20,13 @@ import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.cluster import ClusterBackend
-from tests import test_contract as contract
+from asynclock.testing.conformance import ServerContract
 from tests.harness import Harness, eventually
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.redis_topologies import ClusterSetup
 
 pytestmark = pytest.mark.anyio
-
-# The contract suite, on the cluster (collected here with this module's ``harness``).
-globals().update({name: getattr(contract, name) for name in dir(contract) if name.startswith("test_")})
 
 
 class ClusterHarness(Harness):
@@ -75,6 +72,10 @@ async def harness(cluster: ClusterSetup) -> AsyncIterator[ClusterHarness]:
     h = ClusterHarness(cluster)
     async with h:
         yield h
+
+
+class TestContract(ServerContract):
+    """The conformance suite, on the cluster (with this module's ``harness``)."""
 
 
 def cluster_backend(locks: asynclock.Locks) -> ClusterBackend:

@@ -5,6 +5,9 @@ How a block runs:
 
 * A complete program (it calls ``asyncio.run``) runs as a script of its own,
   in a subprocess.
+* A test module (it defines a ``test_…`` function) runs under pytest, in a
+  subprocess, with asynclock's pytest plugin on (the ``locks`` fixture), and
+  every test in it must pass.
 * Any other block is a snippet: it runs with top-level ``await`` in one
   namespace per page, so a later block may use what an earlier one made.
   The namespace starts with ``asyncio``, ``asynclock``, ``log`` (a logger),
@@ -14,9 +17,12 @@ How a block runs:
   (``build_report``, ``charge``, …: coroutines that do nothing).
 
 Server addresses written in a block (``redis://localhost:6379/0``,
-``zk://zk1:2181,zk2:2181/app``, ``postgresql://app@db.example/app``) are
-pointed at the test servers before it runs; the rest of the URL (database,
-chroot, query) is kept.
+``zk://zk1:2181,zk2:2181/app``, ``postgresql://app@db.example/app``,
+``etcd://etcd1:2379,etcd2:2379/app``) are pointed at the test servers before
+it runs; the rest of the URL (database, chroot, key path, query) is kept.
+The test servers speak no TLS: ``rediss://`` and ``etcds://`` are pointed at
+the plain ones, so a block that needs certificate files belongs in a
+``text`` block.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import re
 import secrets
 import subprocess
 import sys
+import tempfile
+import types
 from collections.abc import Callable
 from pathlib import Path
 from types import CodeType
@@ -40,8 +48,10 @@ import asynclock
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+#: a block that defines a test is a test module
+TEST_MODULE = re.compile(r"^(async )?def test_", re.M)
 #: scheme://hosts of the servers a block may name (the part that is replaced)
-SERVER = re.compile(r"\b(redis|rediss|zk|postgresql|postgres)://([^/\s\"'?]+)")
+SERVER = re.compile(r"\b(redis|rediss|zk|postgresql|postgres|etcd|etcds)://([^/\s\"'?]+)")
 
 #: The application's own work, as examples call it.
 APP_WORK = (
@@ -78,6 +88,8 @@ class Servers:
             return f"redis://127.0.0.1:{server.port}"
         if scheme == "zk":
             return f"zk://127.0.0.1:{self._request.getfixturevalue('zookeeper_server').port}"
+        if scheme in ("etcd", "etcds"):
+            return f"etcd://127.0.0.1:{self._request.getfixturevalue('etcd_server').port}"
         dsn: str = self._request.getfixturevalue("postgres_server").dsn
         return dsn.split("/", 3)[0] + "//" + dsn.split("/", 3)[2]
 
@@ -140,6 +152,9 @@ async def test_every_python_block_runs(page: Path, request: pytest.FixtureReques
             if "asyncio.run(" in code:
                 await run_program(code, where)
                 continue
+            if TEST_MODULE.search(code):
+                await run_test_module(code, where)
+                continue
             namespace["url"] = servers.address("redis") + "/0" if "url" in code else None
             if namespace["locks"]._closed:  # an earlier block's ``async with connect(...) as locks`` ended
                 namespace["locks"] = default
@@ -167,6 +182,25 @@ async def run_program(code: str, where: str) -> None:
     assert done.returncode == 0, f"{where} failed:\n{done.stdout}\n{done.stderr}"
 
 
+async def run_test_module(code: str, where: str) -> None:
+    done = await asyncio.to_thread(pytest_on, code)
+    assert done.returncode == 0 and " passed" in done.stdout, f"{where}: a test failed:\n{done.stdout}\n{done.stderr}"
+
+
+def pytest_on(code: str) -> subprocess.CompletedProcess[str]:
+    """pytest run on ``code`` as a test module of its own, with asynclock's fixtures on."""
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "test_block.py").write_text(code)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--asynclock-fixtures", "test_block.py"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+
 def test_the_runner_finds_and_points_blocks_at_the_test_servers() -> None:
     """The runner itself: blocks are found with their line numbers, and every
     server address in them is replaced (so a block cannot reach a real host)."""
@@ -182,3 +216,18 @@ def test_the_runner_finds_and_points_blocks_at_the_test_servers() -> None:
     assert rewrite('connect("redis://localhost:6379/0")') == 'connect("redis://test-server/0")'
     assert rewrite('"zk://zk1:2181,zk2:2181/app?session_timeout=10"') == '"zk://test-server/app?session_timeout=10"'
     assert rewrite("postgresql://app:pw@db.example:5432/app") == "postgresql://test-server/app"
+    assert rewrite('connect("etcd://etcd1:2379,etcd2:2379/app")') == 'connect("etcd://test-server/app")'
+    assert rewrite("etcds://root:pw@etcd1:2379/app?connect_timeout=2") == "etcds://test-server/app?connect_timeout=2"
+    assert rewrite("etcdctl lock /app/asynclock/orders") == "etcdctl lock /app/asynclock/orders"
+
+    class Fixtures:
+        """The fixtures ``Servers`` asks for, as servers on port 1234."""
+
+        def getfixturevalue(self, name: str) -> object:
+            assert name == "etcd_server", name
+            return types.SimpleNamespace(port=1234)
+
+    # the test etcd speaks no TLS: etcds:// goes to it as etcd://
+    servers = Servers(Fixtures())  # type: ignore[arg-type]
+    assert servers.rewrite("etcds://etcd1:2379,etcd2:2379/app") == "etcd://127.0.0.1:1234/app"
+    assert servers.rewrite("etcd://etcd1:2379") == "etcd://127.0.0.1:1234"

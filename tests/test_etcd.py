@@ -10,14 +10,16 @@ import os
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockLost
+from asynclock.abc import LockRef
 from asynclock.backends.etcd import EtcdBackend
 from tests.harness import eventually
-from tests.harness_etcd import EtcdHarness
+from tests.harness_etcd import AdminClient, EtcdHarness
 from tests.servers import free_port, scaled
 from tests.servers.etcd import EtcdCluster, EtcdServer, TlsFiles, etcdctl, etcdctl_binary
 
@@ -123,9 +125,9 @@ async def test_a_lock_ttl_past_the_clients_lease_is_refused(harness: EtcdHarness
 
 def test_url_path_and_prefix_make_the_mutex_prefix() -> None:
     with_path = EtcdBackend.from_url("etcds://u:secret@a:1,b:2/app/locks", prefix="svc")
-    assert with_path.lock_key("x") == "/app/locks/svc/x"
-    assert EtcdBackend.from_url("etcd://a", prefix="/locks").lock_key("job 1") == "/locks/job 1"
-    assert EtcdBackend.from_url("etcd://a").lock_key("%/\n") == "asynclock/%25%2F%0A"
+    assert with_path.lock_key(LockRef("lock", "x")) == "/app/locks/svc/x"
+    assert EtcdBackend.from_url("etcd://a", prefix="/locks").lock_key(LockRef("fair", "job 1")) == "/locks/job 1"
+    assert EtcdBackend.from_url("etcd://a").lock_key(LockRef("lock", "%/\n")) == "asynclock/%25%2F%0A"
 
 
 def test_unknown_options_are_refused_before_any_io() -> None:
@@ -210,7 +212,7 @@ async def test_a_paused_server_cancels_the_body_before_etcd_could_expire_the_lea
                     cancelled_at.append(loop.time())
         # etcd renewed the lease when the last answered keep-alive arrived (after
         # it was sent), for the TTL it granted: the body ended before that
-        assert cancelled_at[0] <= etcd._confirmed_at + etcd._granted
+        assert cancelled_at[0] <= etcd.confirmed_at + etcd.granted
         assert cancelled_at[0] <= lease.expires_at + 0.05
         assert cancelled_at[0] - paused_at <= TTL + 0.1
         etcd_fresh.resume()
@@ -230,6 +232,123 @@ async def test_a_cancelled_acquire_leaves_no_key(harness: EtcdHarness) -> None:
             await task
         keys = [kv.key.decode() for kv in await admin.keys(lock.key + "/")]
         assert keys == [f"{lock.key}/{backend(holder).lease_id:x}"]
+
+
+async def test_a_holder_gone_between_the_waiters_check_and_its_watch_still_lets_the_waiter_in(
+    harness: EtcdHarness,
+) -> None:
+    """A waiter reads what blocks it, then watches that key for its deletion,
+    from the revision etcd confirms the watch at (so that etcd reports it at
+    once). A deletion that lands between the read and the watch is not among
+    the events the watch reports: the waiter must notice it by reading again,
+    not wait for an event that never comes."""
+    holder, waiter = harness.connect(ttl=scaled(3.0)), harness.connect(ttl=scaled(3.0))
+    await holder.lock("gap").acquire()
+    admin = await harness.admin()
+    client = backend(waiter).client
+    watch = client.watch
+    deleted: list[bool] = []
+
+    async def holder_gone_first(key: bytes, start_revision: int, timeout: float, range_end: bytes = b"") -> Any:
+        if not deleted:  # the holder's key goes after the waiter's read, before its watch
+            deleted.append(await admin.delete(key))
+        return await watch(key, start_revision, timeout, range_end)
+
+    client.watch = holder_gone_first  # type: ignore[method-assign]
+    lease = await waiter.lock("gap").acquire(timeout=scaled(5))
+    assert deleted == [True]
+    assert lease.token is not None
+    await lease.release()
+
+
+async def test_a_create_sent_before_its_acquire_was_cancelled_leaves_no_key(etcd_fresh: EtcdServer) -> None:
+    """An acquire cancelled while etcd has its create but has not answered (paused):
+    the create may still be applied once etcd runs again, after the cancellation.
+    Its key must not stay behind (it would block the lock for as long as the
+    client's lease lives): the clean-up waits for the create's outcome, then deletes."""
+    ttl = scaled(3.0)
+    async with (
+        asynclock.connect(etcd_fresh.url, ttl=ttl, prefix="late") as locks,
+        asynclock.connect(etcd_fresh.url, ttl=ttl, prefix="late") as other,
+    ):
+        lock = locks.lock("late")
+        admin = AdminClient(etcd_fresh.hostport)
+        try:
+            etcd_fresh.pause()
+            sent = backend(locks).client.requests
+            task = asyncio.create_task(lock.acquire())
+            async with asyncio.timeout(scaled(5)):
+                while backend(locks).client.requests == sent:  # the create is on its way
+                    await asyncio.sleep(0.001)
+            await asyncio.sleep(scaled(0.05))
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            etcd_fresh.resume()
+            theirs = await other.lock("late").acquire(timeout=scaled(10))
+            # (etcd, resumed, may apply the late create after the other client's, which
+            # then holds at once: the late key goes a moment later)
+            async with asyncio.timeout(scaled(5)):
+                while [kv.key.decode() for kv in await admin.keys(lock.key + "/")] != [
+                    f"{lock.key}/{backend(other).lease_id:x}"
+                ]:
+                    await asyncio.sleep(0.01)
+            await theirs.release()
+        finally:
+            etcd_fresh.resume()
+            await admin.close()
+
+
+async def test_a_lease_not_confirmed_within_the_lease_time_is_gone_and_a_new_one_serves(harness: EtcdHarness) -> None:
+    """The watchdog's renewals are the lease's keep-alives while the client holds a
+    lock. With the watchdog stopped, the lease's confirmation grows older than the
+    lease time: the next acquire finds that lease gone, the hold under it is lost
+    (by the backend, saying why), the stale lease is revoked with its keys, and the
+    new hold is granted under a new lease, with that lease's confirmation (a grant
+    proven by the dead lease's would be refused by the front)."""
+    locks = harness.connect(ttl=TTL)
+    loop = asyncio.get_running_loop()
+    first_lock = locks.lock("first")
+    first = await first_lock.acquire()
+    old = backend(locks).lease_id
+    assert locks._keeper is not None
+    await locks._keeper.aclose()
+    await asyncio.sleep(max(0.0, first.expires_at - loop.time()) + scaled(0.05))
+    second_lock = locks.lock("second")
+    second = await second_lock.acquire(timeout=scaled(2))
+    assert "etcd lease was lost" in (first.lost_reason or "")
+    new = backend(locks).lease_id
+    assert new not in (0, old)
+    assert second.expires_at > loop.time() + TTL / 2
+    admin = await harness.admin()
+    (key,) = await admin.keys(second_lock.key + "/")
+    assert key.key.decode() == f"{second_lock.key}/{new:x}" and key.lease == new
+    async with asyncio.timeout(scaled(5)):
+        while (await admin.client.time_to_live(old, 5.0)).ttl > 0 or await admin.keys(first_lock.key + "/"):
+            await asyncio.sleep(0.01)
+
+
+async def test_a_lock_with_a_shorter_ttl_than_the_client_is_granted_with_a_young_enough_confirmation(
+    harness: EtcdHarness,
+) -> None:
+    """The lease is kept alive every third of the client's ttl while nothing is held,
+    so its confirmation can be older than a shorter lock's whole lease time: such a
+    grant is confirmed again first instead of being refused as arriving too late."""
+    client_ttl = scaled(3.0)
+    locks = harness.connect(ttl=client_ttl)
+    lock = locks.lock("short", ttl=client_ttl / 6)
+    loop = asyncio.get_running_loop()
+    etcd = backend(locks)
+    await locks.lock("warm-up").acquire()
+    await locks.lock("warm-up").release()
+    seen = etcd.confirmed_at
+    async with asyncio.timeout(scaled(5)):
+        while etcd.confirmed_at == seen:  # the next idle keep-alive: the one after it is a third of the ttl away
+            await asyncio.sleep(0.005)
+    await asyncio.sleep(client_ttl / 6 + scaled(0.1))
+    assert loop.time() - etcd.confirmed_at > lock.ttl
+    async with lock as lease:
+        assert lease.expires_at > loop.time() + lock.ttl / 3
 
 
 async def test_aclose_revokes_the_lease_and_with_it_every_key(harness: EtcdHarness) -> None:
@@ -309,7 +428,7 @@ async def test_the_whole_cluster_down_cancels_bodies_before_the_lease_ttl(etcd_c
         down_at = loop.time()
         await asyncio.wait_for(asyncio.gather(*tasks), scaled(5))
         assert len(ended) == 2
-        assert max(ended) <= etcd._confirmed_at + etcd._granted
+        assert max(ended) <= etcd.confirmed_at + etcd.granted
         assert max(ended) - down_at <= TTL + 0.1
 
 

@@ -9,6 +9,7 @@ checker finds (see ``tests/faults``). The torture tier (``--run-slow``, or
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -21,8 +22,9 @@ import pytest
 import asynclock
 from tests.faults import hygiene
 from tests.faults.checker import Section, StaleWindow, WorkerLog, check
+from tests.faults.election import memory_election
 from tests.faults.runner import RedlockTarget, SentinelTarget, Target, target_for
-from tests.faults.scenarios import SCENARIOS, Outcome, Settings, by_name
+from tests.faults.scenarios import SCENARIOS, Outcome, Settings, _warned_first, by_name
 from tests.faults.store import StoreState
 from tests.servers import RedisServer
 from tests.servers.postgres import PostgresServer
@@ -40,7 +42,11 @@ FAST_SCENARIOS = {
     "postgres": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen", "server-restarted"],
     "redlock": ["cancellation", "holder-killed", "redlock-minority", "redlock-majority"],
     "sentinel": ["failover"],
+    "memory": ["renewals-stalled"],
 }
+#: the election workload (each critical section a term of leadership) on the backends that
+#: have elections: a crash, a pause and a session loss of the leader
+ELECTION_SCENARIOS = {"zookeeper": ["holder-killed", "holder-frozen", "partition"]}
 #: the torture tier: every scenario that applies, longer, with more workers
 TORTURE = Settings(workers=6, duration=15.0, ttl=1.0, faults=10_000, margin=1.0)
 #: (backend, scenario) -> reason, for a bug found and not fixed yet (xfail, not strict)
@@ -113,6 +119,10 @@ def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
     violations = sum(len(o.verdict.violations) for o in _OUTCOMES)
     line = f"fault harness: {len(_OUTCOMES)} scenario runs, {total} operations, {faults} faults injected, "
     line += f"{violations} violations"
+    stalled = [o.verdict for o in _OUTCOMES if o.stalled]
+    lost = sum(v.renewal_losses for v in stalled)
+    unwarned = sum(v.unwarned for v in stalled)
+    line += f"; stalled renewals: {lost} leases lost, {unwarned} of them without an earlier at_risk"
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None and capture is not None:
@@ -128,6 +138,8 @@ def _report(outcome: Outcome) -> None:
 
 
 async def _target(request: pytest.FixtureRequest, kind: str) -> Target:
+    if kind == "memory":
+        return target_for("memory://")
     if kind == "redlock":
         nodes: RedisNodes = request.getfixturevalue("fault_redlock")
         nodes.revive()
@@ -168,6 +180,28 @@ async def test_fault_scenario(
         _report(await chosen.run(target, store_server.url, tmp_path, FAST))
     finally:
         await target.aclose()
+
+
+@pytest.mark.parametrize(
+    ("kind", "scenario"), [(kind, name) for kind, names in ELECTION_SCENARIOS.items() for name in names]
+)
+async def test_election_fault_scenario(
+    request: pytest.FixtureRequest, kind: str, scenario: str, store_server: RedisServer, tmp_path: Path
+) -> None:
+    """Workers are candidates of one election: 0 overlapping terms, 0 term-token inversions."""
+    target = await _target(request, kind)
+    try:
+        chosen = by_name(scenario)
+        assert chosen.applies(target)
+        _report(await chosen.run(target, store_server.url, tmp_path, dataclasses.replace(FAST, workload="election")))
+    finally:
+        await target.aclose()
+
+
+async def test_election_faults_on_memory(store_server: RedisServer, tmp_path: Path) -> None:
+    """Candidates in one process (memory:// is per process): the leader's term lost, its
+    renewals stalled past the ttl, its task cancelled mid-term; no overlap, tokens increase."""
+    _report(await memory_election(store_server.url, tmp_path, dataclasses.replace(FAST, faults=6)))
 
 
 @pytest.mark.slow
@@ -409,3 +443,18 @@ async def test_hygiene_counts_postgres_client_connections(postgres_server: Postg
         hygiene.wait_connections, lambda: hygiene.postgres_connections(postgres_server.dsn), before
     )
     assert settled == before
+
+
+def test_checker_counts_leases_lost_to_failing_renewals_without_an_earlier_at_risk() -> None:
+    log = WorkerLog(0, done=True)
+    log.add({"ev": "at_risk", "t": 1.0, "reason": "a renewal did not answer within half the time left"})
+    log.add({"ev": "lost", "t": 1.2, "loss": "renewal_failed", "warned": True})
+    log.add({"ev": "lost", "t": 2.0, "loss": "renewal_failed", "warned": False})
+    log.add({"ev": "lost", "t": 2.5, "loss": "connection_lost", "warned": True})
+    log.add({"ev": "lost", "t": 3.0, "loss": "taken_or_expired", "warned": False})  # the server said so: no warning
+    verdict = check([log], _store(0))
+    assert (verdict.renewal_losses, verdict.unwarned) == (3, 1)
+    assert verdict.violations == []  # a count; a violation only where the fault stalled renewals
+    outcome = _warned_first(Outcome("renewals stalled", "memory", verdict, faults=1))
+    assert outcome.stalled and "at_risk first 2/3" in outcome.line()
+    assert outcome.verdict.violations == ["1 of 3 leases lost to failing renewals without an earlier at_risk"]

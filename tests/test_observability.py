@@ -145,6 +145,7 @@ async def test_otel_metrics_count_and_time_what_happens() -> None:
         lease = await lock.acquire()
         memory.expire("m", prefix=prefix)
         await asyncio.wait_for(lease.wait_lost(), scaled(5))
+        await asyncio.create_task(lock.acquire())  # a task that ends holding it: abandoned
         await asyncio.sleep(0.01)
     data = reader.get_metrics_data()
     assert data is not None
@@ -157,14 +158,17 @@ async def test_otel_metrics_count_and_time_what_happens() -> None:
     def total(name: str) -> float:
         return sum(p.value for p in points[name])  # type: ignore[attr-defined]
 
-    assert total("asynclock.acquisitions") == 2
+    assert total("asynclock.acquisitions") == 3
     assert total("asynclock.timeouts") == 1
     assert total("asynclock.releases") == 1
     assert total("asynclock.losses") == 1
+    assert total("asynclock.abandoned") == 1
+    (loss,) = points["asynclock.losses"]
+    assert loss.attributes["reason"] == "taken_or_expired"  # type: ignore[attr-defined]
     waits = points["asynclock.wait.duration"]
-    assert sum(p.count for p in waits) == 3  # type: ignore[attr-defined]
+    assert sum(p.count for p in waits) == 4  # type: ignore[attr-defined]
     holds = points["asynclock.hold.duration"]
-    assert sum(p.count for p in holds) == 2  # type: ignore[attr-defined]
+    assert sum(p.count for p in holds) == 3  # type: ignore[attr-defined]
     assert all(p.attributes.get("lock.name") == "m" for p in holds)  # type: ignore[attr-defined]
 
 

@@ -233,6 +233,33 @@ async def test_url_options_and_a_configured_table(pg: PostgresHarness) -> None:
 # -- the server's queue ------------------------------------------------------
 
 
+async def test_an_uncontended_acquire_and_release_run_in_the_callers_task(pg: PostgresHarness) -> None:
+    # The try is one statement awaited by the caller, and the release one more:
+    # neither starts a task (a task per request costs loop turns, and a
+    # cancelled caller could not stop it).
+    locks = pg.connect(ttl=TTL)
+    lock = locks.lock("inline")
+    await lock.acquire()
+    await lock.release()  # the client has started, and a connection is parked
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+    default = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: object, **kwargs: object) -> asyncio.Task[object]:
+        made.append(getattr(coro, "__qualname__", repr(coro)))
+        task = default(loop, coro, **kwargs) if default is not None else asyncio.Task(coro, loop=loop, **kwargs)  # type: ignore[arg-type]
+        return task  # type: ignore[return-value]
+
+    loop.set_task_factory(counting)  # type: ignore[arg-type]
+    try:
+        for _ in range(3):
+            await lock.acquire(timeout=0)
+            await lock.release()
+    finally:
+        loop.set_task_factory(default)
+    assert made == []
+
+
 async def test_waiters_wait_in_the_servers_queue_and_lock_timeout_ends_it(pg: PostgresHarness) -> None:
     holder = pg.connect(ttl=TTL)
     waiter = pg.connect(ttl=TTL)
@@ -684,3 +711,139 @@ async def test_release_to_a_paused_server_is_bounded_and_frees_the_lock_on_resum
         pg.server.resume()
     async with asyncio.timeout(scaled(5)), other.lock("parting") as lease:
         assert lease.token == 2
+
+
+# -- the uncontended path --------------------------------------------------------
+
+
+async def test_two_owners_on_the_fast_path_at_once_never_both_get_it(pg: PostgresHarness) -> None:
+    # Two tasks of one client and a task of another try the same free lock at
+    # the same instant, again and again: exactly one gets it each time, and
+    # the tokens of the winners increase.
+    a = pg.connect(ttl=TTL)
+    b = pg.connect(ttl=TTL)
+    tokens: list[int] = []
+    for _ in range(20):
+        tries = [a.lock("race"), a.lock("race"), b.lock("race")]
+
+        async def attempt(lock: asynclock.Lock) -> asynclock.Lease | None:
+            try:
+                return await lock.acquire(timeout=0, detached=True)
+            except LockTimeout:
+                return None
+
+        leases = await asyncio.gather(*(asyncio.create_task(attempt(lock)) for lock in tries))
+        won = [lease for lease in leases if lease is not None]
+        assert len(won) == 1
+        assert won[0].token is not None
+        tokens.append(won[0].token)
+        await won[0].release()
+    assert tokens == sorted(set(tokens))
+    assert await pg.granted_to(a, b) == []
+
+
+async def test_cancelling_an_uncontended_pair_at_each_await_leaves_nothing(pg: PostgresHarness) -> None:
+    # The acquire is cancelled after 0, 1, 2, ... loop turns, so the
+    # cancellation lands at each of its awaits in turn (the checkout, the try,
+    # the answer), until the acquire finishes first; then the same for the
+    # release. Whatever the cut, nothing stays locked that the client does not
+    # know it holds, and the next acquire of another client gets the lock at once.
+    locks = pg.connect(ttl=TTL)
+    other = pg.connect(ttl=TTL)
+    lock = locks.lock("cut")
+    finished = False
+    turns = 0
+    while not finished:
+        task = asyncio.create_task(lock.acquire(detached=True))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        finished = task.done()
+        task.cancel()
+        try:
+            lease = await task
+        except asyncio.CancelledError:
+            pass
+        else:
+            await lease.release()
+        async with asyncio.timeout(scaled(5)):
+            second = await other.lock("cut").acquire(timeout=scaled(2))
+        await second.release()
+        turns += 1
+    assert turns > 2  # the acquire took several loop turns: several cut points were tried
+    finished = False
+    turns = 0
+    while not finished:
+        lease = await lock.acquire(detached=True)
+        task = asyncio.create_task(lease.release())
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        finished = task.done()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        # A release cut before it sent anything leaves the lease held: released
+        # again, it goes; one that went through is NotHeld now.
+        with contextlib.suppress(asynclock.NotHeld):
+            await lease.release()
+        async with asyncio.timeout(scaled(5)):
+            second = await other.lock("cut").acquire(timeout=scaled(2))
+        await second.release()
+        turns += 1
+    assert await pg.granted_to(locks, other) == []
+
+
+async def test_a_server_restart_between_acquire_and_release() -> None:
+    # The holder's session ends with the server: the lease is lost at once
+    # (LockLost out of the body), the release that follows is NotHeld and
+    # sends nothing, and once the server is back a new holder gets a higher token.
+    server = PostgresServer()  # its own: this test restarts it
+    try:
+        server.start()
+        async with asynclock.connect(server.url, ttl=TTL) as locks:
+            lock = locks.lock("restart")
+            lease = await lock.acquire()
+            assert lease.token is not None
+            server.restart(crash=False)
+            reason = await asyncio.wait_for(lease.wait_lost(), scaled(5))
+            assert lease.lost and reason
+            with pytest.raises(asynclock.NotHeld):
+                await lock.release()
+            async with asyncio.timeout(scaled(10)):
+                again = await lock.acquire()
+            assert again.token is not None and again.token > lease.token
+            await again.release()
+    finally:
+        server.stop()
+        server.cleanup()
+
+
+async def test_a_lock_timeout_after_the_grant_gives_the_advisory_lock_back(pg: PostgresHarness) -> None:
+    """``lock_timeout`` can end the acquire statement *after* the advisory lock was granted.
+
+    The statement takes the lock first and then upserts the fence counter; if
+    that row is locked (an application's ``SELECT ... FOR UPDATE`` on the
+    table, a client with another prefix sharing the table), the row-lock wait
+    hits ``lock_timeout``. The session-level advisory lock survives the
+    statement's error, so it must be unlocked before the connection goes back
+    to the pool, or the name stays locked for as long as that pooled
+    connection lives.
+    """
+    locks = pg.connect(ttl=TTL)
+    other = pg.connect(ttl=TTL)
+    async with locks.lock("row"):
+        pass  # the fence row exists now
+    admin = await pg.admin()
+    table = f'"{pg.prefix}_fence"'
+    tx = admin.transaction()
+    await tx.start()
+    try:
+        await admin.execute(f"SELECT value FROM {table} WHERE name = $1 FOR UPDATE", b"row")
+        with pytest.raises(LockTimeout):
+            await locks.lock("row").acquire(timeout=scaled(0.3))
+    finally:
+        await tx.rollback()
+    # nothing of the timed-out attempt is still granted, to anybody
+    assert await pg.holder_pid("row") is None
+    async with asyncio.timeout(scaled(5)):
+        async with other.lock("row") as lease:
+            assert lease.token == 2

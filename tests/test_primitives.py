@@ -24,6 +24,10 @@ pytestmark = pytest.mark.anyio
 TTL = scaled(0.6)
 SHORT = scaled(0.3)
 
+#: The backends whose fair lock is their plain lock on the server (one key, one hold):
+#: the suites that run on the plain lock cover it there.
+FAIR_IS_PLAIN = ["redis", "zookeeper", "postgres", "etcd"]
+
 #: The backends that serve each primitive.
 SUPPORT: dict[str, list[str]] = {
     "fair": ["memory", "redis", "zookeeper", "postgres", "etcd"],

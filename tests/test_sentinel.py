@@ -20,15 +20,12 @@ import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockLost, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.sentinel import SentinelBackend
-from tests import test_contract as contract
+from asynclock.testing.conformance import ServerContract
 from tests.harness import RedisHarness
 from tests.servers import scaled
 from tests.servers.redis_topologies import SentinelSetup
 
 pytestmark = pytest.mark.anyio
-
-# The contract suite, through the sentinels (collected here with this module's ``harness``).
-globals().update({name: getattr(contract, name) for name in dir(contract) if name.startswith("test_")})
 
 
 class SentinelHarness(RedisHarness):
@@ -60,6 +57,10 @@ async def harness(shared_setup: SentinelSetup) -> AsyncIterator[SentinelHarness]
     h = SentinelHarness(shared_setup)
     async with h:
         yield h
+
+
+class TestContract(ServerContract):
+    """The conformance suite, through the sentinels (with this module's ``harness``)."""
 
 
 @pytest.fixture

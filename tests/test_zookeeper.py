@@ -18,7 +18,7 @@ import shutil
 import struct
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -30,7 +30,10 @@ from hypothesis import strategies as st
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.backends._zk_session import (
+from asynclock.abc import LockRef
+from asynclock.backends.zookeeper import ZooKeeperBackend, escape_name, parse_url
+from asynclock.backends.zookeeper._recipe import Node, contenders_of
+from asynclock.backends.zookeeper._wire import (
     EPHEMERAL,
     SEQUENTIAL,
     ZStat,
@@ -42,7 +45,6 @@ from asynclock.backends._zk_session import (
     delete_request,
     exists_request,
 )
-from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders, _Node, escape_name, parse_url
 from tests.harness import eventually
 from tests.harness_zookeeper import ZooKeeperHarness
 from tests.servers import scaled
@@ -133,7 +135,7 @@ def test_url_parsing() -> None:
         asynclock.connect("zk://127.0.0.1:1?bogus=1")
     backend = backend_of(asynclock.connect("zk://127.0.0.1:1/root?session_timeout=7", ttl=3, prefix="p/q"))
     assert backend.session.requested_timeout == 7
-    assert backend.lock_key("a/b") == "/root/p%2Fq/a%2Fb"
+    assert backend.lock_key(LockRef("lock", "a/b")) == "/root/p%2Fq/a%2Fb"
     assert backend_of(asynclock.connect("zk://127.0.0.1:1", ttl=3)).session.requested_timeout == 3
 
 
@@ -195,7 +197,7 @@ async def test_foreign_contenders_count_by_sequence_number(zk: ZooKeeperHarness)
     lock = locks.lock("foreign")
     admin = await zk.admin()
     await locks.__aenter__()
-    await backend_of(locks)._ensure_parents(lock.key)
+    await backend_of(locks)._recipe.ensure_parents(lock.key)
     reply = await admin.session.call(
         protocol.Create2Request(
             path=f"{lock.key}/{uuid.uuid4().hex}__lock__",
@@ -267,7 +269,7 @@ def test_hand_serialised_requests_and_replies_match_aiozk(path: str) -> None:
 
 def test_contenders_sort_numerically_not_by_name() -> None:
     children = ["b__lock__0000000010", "_c_x-lock-0000000002", "readme", "a-lock-0000000011", "c__lock__0000000001"]
-    assert _contenders(children) == [
+    assert contenders_of(children) == [
         "c__lock__0000000001",
         "_c_x-lock-0000000002",
         "b__lock__0000000010",
@@ -406,10 +408,10 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
     backend = backend_of(locks)
     session = backend.session
     admin = await zk.admin()
-    key = backend.lock_key("lost-create")
-    await backend._ensure_parents(key)
+    key = backend.lock_key(LockRef("lock", "lost-create"))
+    await backend._recipe.ensure_parents(key)
     # the create went through, its answer never came: one node, ours
-    node = _Node("lost-create", "h-1", key, str(uuid.uuid4()))
+    node = Node("lost-create", "h-1", key, str(uuid.uuid4()))
     reply = await session.call(
         protocol.Create2Request(
             path=f"{key}/_c_{node.guid}-lock-",
@@ -419,11 +421,11 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
         )
     )
     node.uncertain, node.session = True, session.session_id
-    await backend._create(node, None)
+    await backend._recipe._create(node, None)
     assert node.path == reply.path and node.czxid == reply.stat.created_zxid
     assert await admin.contenders(key) == [reply.path]
     # a node with our GUID owned by another session is not adopted (and is removed)
-    other = _Node("lost-create", "h-2", key, str(uuid.uuid4()))
+    other = Node("lost-create", "h-2", key, str(uuid.uuid4()))
     stray = await admin.session.call(
         protocol.Create2Request(
             path=f"{key}/_c_{other.guid}-lock-",
@@ -433,7 +435,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
         )
     )
     other.uncertain, other.session = True, session.session_id
-    await backend._create(other, None)
+    await backend._recipe._create(other, None)
     assert other.path != stray.path
     assert await admin.contenders(key) == [reply.path, other.path]
     await admin.delete(str(reply.path))
@@ -472,6 +474,62 @@ async def test_a_connection_cut_while_the_create_is_in_flight_leaves_one_node(
         assert stat is None  # released since
         assert token is not None
     assert await admin.contenders(lock.key) == []
+
+
+async def test_an_acquire_cancelled_while_its_create_is_on_the_wire_leaves_no_node(
+    zk: ZooKeeperHarness, proxy: TcpProxy
+) -> None:
+    """The server applies the create after the caller was cancelled: release by identity finds it by its GUID."""
+    locks = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(3), prefix=zk.prefix)
+    other = zk.connect(ttl=scaled(3))
+    async with locks:
+        lock = locks.lock("cancel-create")
+        await lock.info()  # connected
+        await backend_of(locks)._recipe.ensure_parents(lock.key)
+        admin = await zk.admin()
+        proxy.delay(0.3)  # every answer comes late: the create lands, its answer is on the way
+        task = asyncio.create_task(lock.acquire())
+        for _ in range(200):
+            if await admin.contenders(lock.key):
+                break
+            await asyncio.sleep(0.01)
+        [node] = await admin.contenders(lock.key)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, scaled(5))
+        proxy.heal()
+        for _ in range(500):
+            if not await admin.contenders(lock.key):
+                break
+            await asyncio.sleep(0.01)
+        assert await admin.contenders(lock.key) == [], node
+        assert not lock.held
+        lease = await other.lock("cancel-create").acquire(timeout=0)  # free, with nobody queued ahead
+        await other.lock("cancel-create").release()
+        assert lease.token is not None
+
+
+async def test_a_queued_wait_runs_in_the_callers_task(zk: ZooKeeperHarness) -> None:
+    """Waiting in the queue starts no task: the wait (watching the predecessor) is the caller's own."""
+    holder, waiter = zk.connect(ttl=scaled(6)), zk.connect(ttl=scaled(6))
+    async with holder, waiter:
+        async with waiter.lock("warm-up"):
+            pass  # the waiter's client, session and watchdog are up
+        await holder.lock("own-task").acquire()
+        key = holder.lock("own-task").key
+        admin = await zk.admin()
+        before = asyncio.all_tasks()
+        task = asyncio.create_task(_take(waiter.lock("own-task")))
+        for _ in range(300):
+            if len(await admin.contenders(key)) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(await admin.contenders(key)) == 2
+        started = {t for t in asyncio.all_tasks() - before if not t.done()} - {task, asyncio.current_task()}
+        assert started == set(), [t.get_coro() for t in started]
+        await holder.lock("own-task").release()
+        token, lost = await asyncio.wait_for(task, scaled(5))
+        assert token is not None and not lost
 
 
 async def test_waiter_rereads_after_reconnect_when_the_release_was_missed(
@@ -607,8 +665,10 @@ async def test_cut_connection_the_holder_is_cancelled_before_the_successor_acqui
 
 
 async def test_a_cut_shorter_than_the_session_loses_nothing(zk: ZooKeeperHarness, proxy: TcpProxy) -> None:
-    """Connections closed before the ConnectResponse are not an expiry: the session goes on."""
-    locks = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(4), prefix=zk.prefix)
+    """Connections closed before the ConnectResponse are not an expiry: the session goes on.
+    Meanwhile the lease is at risk (its holder may checkpoint), and no longer once renewed."""
+    events: list[asynclock.LockEvent] = []
+    locks = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(4), prefix=zk.prefix, on_event=events.append)
     async with locks:
         lock = locks.lock("short-cut")
         lease = await lock.acquire()
@@ -617,12 +677,14 @@ async def test_a_cut_shorter_than_the_session_loses_nothing(zk: ZooKeeperHarness
         proxy.refuse(True)  # every reconnect attempt is closed at once
         proxy.reset()
         await eventually(lambda: not session.connected, scaled(2), "disconnect noticed")
+        assert "connection was lost" in await asyncio.wait_for(lease.wait_at_risk(), scaled(1))
         await asyncio.sleep(scaled(0.5))
         proxy.refuse(False)
         await eventually(lambda: session.connected, scaled(3), "reconnected")
         assert session.session_id == sid
         await asyncio.sleep(scaled(1.5))  # renewals go on
-        assert not lease.lost and lock.held
+        assert not lease.lost and lock.held and not lease.at_risk
+        assert [event.kind for event in events if event.kind in ("at_risk", "lost")] == ["at_risk"]
         await lock.release()
 
 
@@ -717,7 +779,7 @@ async def test_a_release_that_cannot_reach_the_server_is_bounded_and_finished_la
         proxy.reset()
         await eventually(lambda: not session.connected, scaled(2), "disconnect noticed")
         with pytest.raises(BackendUnavailable):
-            await asyncio.wait_for(backend.release("finish", lease._hold), scaled(5))
+            await asyncio.wait_for(backend.release(LockRef("lock", "finish"), lease._hold), scaled(5))
         admin = await zk.admin()
         assert len(await admin.contenders(lock.key)) == 1
         proxy.refuse(False)
@@ -1009,3 +1071,49 @@ async def test_ensemble_survives_repeated_leader_kills_without_overlap(ensemble:
             await locks.aclose()
     assert overlaps == 0
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = scaled(10)) -> None:
+    """Wait (bounded) until ``await check()`` is true."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not await check():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting until {what}") from None
+
+
+async def test_a_queued_wait_that_loses_the_server_ends_unavailable_and_its_node_goes_later(
+    zk: ZooKeeperHarness, proxy: TcpProxy
+) -> None:
+    """A waiter whose node is queued, cut off from the server, ends with BackendUnavailable at its timeout.
+
+    Leaving the queue while disconnected cannot delete the node now; that is
+    the background clean-up's job once the connection is back. Waiting for it
+    (up to a session timeout) made the acquire overrun its timeout until the
+    front's outer bound cut it, which then reported a plain LockTimeout.
+    """
+    holder = zk.connect(ttl=scaled(2))
+    waiter = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(6), prefix=zk.prefix)
+    async with waiter:
+        await holder.lock("gone").acquire()
+        key = holder.lock("gone").key
+        admin = await zk.admin()
+        task = asyncio.create_task(waiter.lock("gone").acquire(timeout=scaled(1)))
+
+        async def queued() -> bool:
+            return len(await admin.contenders(key)) == 2
+
+        await until(queued, "the waiter's node queued")
+        proxy.refuse(True)
+        proxy.reset()
+        with pytest.raises(BackendUnavailable):
+            await asyncio.wait_for(task, scaled(10))
+        proxy.refuse(False)
+
+        async def cleaned() -> bool:
+            return len(await admin.contenders(key)) == 1
+
+        # the node is deleted once the (still live) session is connected again
+        await until(cleaned, "the waiter's node deleted after the reconnect")
+        await holder.lock("gone").release()

@@ -28,7 +28,8 @@ import pytest
 import asynclock
 from asynclock import LockTimeout
 from asynclock.abc import LockRef
-from asynclock.backends.zookeeper import ZooKeeperBackend, _contenders
+from asynclock.backends.zookeeper import ZooKeeperBackend
+from asynclock.backends.zookeeper._recipe import contenders_of
 from tests.harness_zookeeper import ZooKeeperHarness
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
@@ -99,14 +100,13 @@ async def count_nodes(zk: ZooKeeperHarness, path: str, count: int) -> list[str]:
 # -- layout ---------------------------------------------------------------------------
 
 
-async def test_fair_lock_is_the_plain_lock_on_the_same_path_with_its_own_adapter(zk: ZooKeeperHarness) -> None:
+async def test_fair_lock_is_the_plain_lock_on_the_same_path(zk: ZooKeeperHarness) -> None:
     locks, other = zk.connect(ttl=TTL), zk.connect(ttl=TTL)
     fair = locks.lock("same", fair=True)
     plain = locks.lock("same")
     assert fair.key == plain.key
     backend = backend_of(locks)
-    adapter = locks._backend._adapter(LockRef("fair", ""))
-    assert adapter is not backend and adapter.lock_key("same") == backend.lock_key("same")
+    assert backend.lock_key(LockRef("fair", "same")) == backend.lock_key(LockRef("lock", "same")) == plain.key
     lease = await fair.acquire()
     [node] = await (await zk.admin()).contenders(fair.key)
     assert re.fullmatch(GUID + r"-lock-\d{10}", node.rsplit("/", 1)[1])
@@ -537,4 +537,4 @@ async def test_curator_semaphore_v2_and_ours_share_the_permits(
             assert not lease.lost
             await waiting.release()
         await taking.release()
-    assert _contenders(await (await zk.admin()).children(f"{sem.key}/leases")) == []
+    assert contenders_of(await (await zk.admin()).children(f"{sem.key}/leases")) == []

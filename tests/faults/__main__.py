@@ -4,6 +4,7 @@
     python -m tests.faults --url redis://127.0.0.1:6379/0 --minutes 5
     python -m tests.faults --url zk://127.0.0.1:2181 --url postgresql://me@127.0.0.1/db
     python -m tests.faults --own redlock --own sentinel --scenario redlock-majority --scenario failover
+    python -m tests.faults --own zookeeper --workload election   # candidates of one election
 
 Without ``--url`` it starts a redis-server of its own (it needs
 ``redis-server`` on PATH) and runs every scenario, server faults included;
@@ -16,7 +17,10 @@ in front of it (partition, latency); on Redis it also kills pub/sub
 connections and flushes the script cache (harmless to correct clients, but
 use a server of your own). The fenced store is a redis-server of its own
 unless ``--store`` names one. It prints one line per scenario run and the
-totals; the exit status is 1 if any violation was found.
+totals; the exit status is 1 if any violation was found. With ``--workload
+election`` the workers are candidates of one election (each critical section
+a term) on the targets that have elections, and every round also runs the
+in-process memory:// election (faults at the leader).
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from tests.faults.checker import Verdict
+from tests.faults.election import memory_election
 from tests.faults.runner import RedlockTarget, SentinelTarget, Target, target_for
 from tests.faults.scenarios import SCENARIOS, Outcome, Settings
 from tests.servers import RedisServer
 
 #: lock services the command can start itself (``--own``)
 OWN = ("redis", "redlock", "sentinel", "zookeeper", "postgres")
+#: target kinds that have leader elections (``--workload election``)
+ELECTS = ("zookeeper",)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -62,6 +69,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="only these scenarios (repeatable)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random choices (default 0)")
+    parser.add_argument(
+        "--workload",
+        choices=("lock", "election"),
+        default="lock",
+        help="what the workers contend for: one lock, or one election (default lock)",
+    )
     return parser.parse_args(argv)
 
 
@@ -126,18 +139,27 @@ def _own(kind: str, owned: list[Any]) -> Target:
 
 async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: str) -> int:
     settings = Settings(
-        workers=args.workers, duration=args.round, ttl=args.ttl, faults=10_000, seed=args.seed, margin=1.0
+        workers=args.workers,
+        duration=args.round,
+        ttl=args.ttl,
+        faults=10_000,
+        seed=args.seed,
+        margin=1.0,
+        workload=args.workload,
     )
     plan = [
         (target, scenario)
         for scenario in SCENARIOS
         for target in targets
-        if scenario.applies(target) and (not args.scenario or scenario.name in args.scenario)
+        if scenario.applies(target)
+        and (not args.scenario or scenario.name in args.scenario)
+        and (args.workload == "lock" or (target.kind in ELECTS and scenario.name != "pubsub-killed"))
     ]
-    if not plan:
+    if not plan and args.workload == "lock":
         print("no scenario applies", file=sys.stderr)
         return 2
     total = Verdict()
+    stalled = Verdict()
     faults = 0
     runs = 0
     started = time.monotonic()
@@ -152,9 +174,20 @@ async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: st
                 runs += 1
                 faults += outcome.faults
                 total.merge(outcome.verdict)
+                if outcome.stalled:
+                    stalled.merge(outcome.verdict)
                 print(outcome.line(), flush=True)
                 for starved in outcome.verdict.starvation:
                     print(f"    starved (not fair, not a violation): {starved}", flush=True)
+                for violation in outcome.verdict.violations:
+                    print(f"    VIOLATION {violation}", flush=True)
+            if args.workload == "election" and time.monotonic() < end:
+                settings.seed += 1
+                outcome = await memory_election(store_url, Path(workdir), settings)
+                runs += 1
+                faults += outcome.faults
+                total.merge(outcome.verdict)
+                print(outcome.line(), flush=True)
                 for violation in outcome.verdict.violations:
                     print(f"    VIOLATION {violation}", flush=True)
     minutes = (time.monotonic() - started) / 60
@@ -163,7 +196,8 @@ async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: st
         f"({total.sections} critical sections, {total.cancelled_ops} cancelled), {faults} faults injected, "
         f"{total.losses} leases lost, {total.overlaps_allowed} overlaps with a stale holder, "
         f"{total.refused} stale operations refused, {total.starved} waiters starved past the bound, "
-        f"{len(total.violations)} violations"
+        f"{len(total.violations)} violations; stalled renewals: {stalled.renewal_losses} leases lost, "
+        f"{stalled.unwarned} of them without an earlier at_risk"
     )
     return 1 if total.violations else 0
 

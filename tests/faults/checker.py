@@ -16,7 +16,11 @@ Invariants, for one lock contended by many processes:
    a section in a stale window (anything else means a token went backwards).
 5. Whatever a worker itself flagged (a hold left behind after a cancellation,
    an operation stuck past its bound), and any worker that died unasked.
-6. **Liveness**: an acquire past its bound is a violation on a backend that
+6. **Warned before lost**: each lease lost because it could not be renewed
+   (``renewal_failed``, ``connection_lost``) is counted, and so is each of
+   them that had not gone *at risk* first; the scenarios whose fault stalls
+   the renewals of a holder that keeps running require none of the latter.
+7. **Liveness**: an acquire past its bound is a violation on a backend that
    queues its waiters (one Redis or Sentinel, ZooKeeper, PostgreSQL: first
    come, first served). The plain lock on the others (Redis Cluster,
    Redlock, memory) is not fair: a waiter can lose every
@@ -39,6 +43,9 @@ from tests.faults.store import StoreState
 #: a waiter of a non-fair lock past its bound is starved (not a violation) if
 #: others started at least this many sections while it waited
 STARVED_HANDOVERS = 3
+
+#: the loss reasons of a lease that could not be renewed (what "at_risk" must announce)
+RENEWAL_LOSSES = ("renewal_failed", "connection_lost")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +96,9 @@ class WorkerLog:
     violations: list[str] = field(default_factory=list)
     #: acquires past their bound on a backend without a queue: (asked, given up, report)
     stuck: list[tuple[float, float, str]] = field(default_factory=list)
+    #: each lease lost: (time, loss reason, whether it went at risk first)
+    lost: list[tuple[float, str | None, bool]] = field(default_factory=list)
+    at_risk: int = 0
     done: bool = False
     pid: int | None = None
     client: str | None = None
@@ -142,6 +152,10 @@ class WorkerLog:
             self.violations.append(event["what"])
         elif kind == "stuck":
             self.stuck.append((event["asked"], event["t"], f"{event['what']}; tasks:\n{event.get('tasks', '')}"))
+        elif kind == "at_risk":
+            self.at_risk += 1
+        elif kind == "lost":
+            self.lost.append((float(event["t"]), event.get("loss"), bool(event.get("warned"))))
         elif kind == "done":
             self.done = True
 
@@ -171,6 +185,10 @@ class Verdict:
     #: for each starved waiter: how long it waited, how often the lock changed hands meanwhile
     starvation: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    #: leases lost because they could not be renewed (renewal_failed, connection_lost)
+    renewal_losses: int = 0
+    #: of those, how many had not gone at risk first
+    unwarned: int = 0
 
     @property
     def operations(self) -> int:
@@ -187,6 +205,8 @@ class Verdict:
         self.starved += other.starved
         self.starvation += other.starvation
         self.violations += other.violations
+        self.renewal_losses += other.renewal_losses
+        self.unwarned += other.unwarned
 
 
 def check(
@@ -213,6 +233,10 @@ def check(
             verdict.violations.append(f"worker {log.index} did not finish its run")
         if log.open_starts:
             verdict.violations.append(f"worker {log.index}: sections without an end {sorted(log.open_starts)}")
+        for _, loss, warned in log.lost:
+            if loss in RENEWAL_LOSSES:
+                verdict.renewal_losses += 1
+                verdict.unwarned += not warned
     sections.sort(key=lambda s: s.start)
     verdict.sections = len(sections)
     verdict.losses = sum(1 for s in sections if s.outcome == "lost")

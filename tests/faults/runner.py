@@ -120,12 +120,13 @@ class ZooKeeperTarget(Target):
         self.ensemble = ensemble
 
     async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
+        from asynclock.abc import LockRef
         from asynclock.backends.zookeeper import ZooKeeperBackend
         from tests.harness_zookeeper import AdminClient
 
         hosts = urlsplit(self.url).netloc
         # (the backend object only computes the key: no I/O)
-        base = ZooKeeperBackend([("127.0.0.1", 1)], prefix=prefix).lock_key("x").rsplit("/", 1)[0]
+        base = ZooKeeperBackend([("127.0.0.1", 1)], prefix=prefix).lock_key(LockRef("lock", "x")).rsplit("/", 1)[0]
         chroot = urlsplit(self.url).path.rstrip("/")
         base = f"{chroot}{base}"  # the admin client has no chroot
         admin = await AdminClient(hosts).start()

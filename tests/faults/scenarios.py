@@ -36,6 +36,8 @@ class Settings:
     seed: int = 0
     #: slack on top of the ttl for liveness bounds (a dead holder's lock coming back …)
     margin: float = 1.0
+    #: what the workers contend for: "lock", or "election" (each critical section a term)
+    workload: str = "lock"
 
     def scaled_ttl(self) -> float:
         return self.ttl * SCALE
@@ -49,6 +51,8 @@ class Outcome:
     faults: int
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: its fault stalled the renewals of a holder that kept running (see ``_warned_first``)
+    stalled: bool = False
 
     @property
     def ok(self) -> bool:
@@ -59,7 +63,9 @@ class Outcome:
         return (
             f"{self.backend:<9} {self.scenario:<22} ops {v.operations:>5}  faults {self.faults:>3}  "
             f"losses {v.losses:>3}  stale overlaps {v.overlaps_allowed:>2}  refused {v.refused:>3}  "
-            f"violations {len(v.violations)}  ({self.seconds:.1f}s)" + (f"  starved {v.starved}" if v.starved else "")
+            f"violations {len(v.violations)}  ({self.seconds:.1f}s)"
+            + (f"  starved {v.starved}" if v.starved else "")
+            + (f"  at_risk first {v.renewal_losses - v.unwarned}/{v.renewal_losses}" if self.stalled else "")
         )
 
 
@@ -88,6 +94,8 @@ class Scenario:
     def applies(self, target: Target) -> bool:
         if self.kinds is not None and target.kind not in self.kinds:
             return False
+        if target.kind == "memory" and self.kinds is None:
+            return False  # one lock table per process: only scenarios written for it
         if self.own_server and target.server is None:
             return False
         if self.nodes and getattr(target, "nodes", None) is None:
@@ -109,6 +117,7 @@ def _common(settings: Settings, **more: Any) -> dict[str, Any]:
         "hold": (0.005, 0.04),
         "pause": (0.0, 0.01),
         "acquire_bound": 20 * ttl,
+        "workload": settings.workload,
     }
     options.update(more)
     return options
@@ -123,13 +132,16 @@ async def _run(
     body: Callable[[Run, random.Random], Awaitable[None]],
     *,
     proxied: bool = False,
+    workers: int | None = None,
     **options: Any,
 ) -> Outcome:
     started = time.monotonic()
     rng = random.Random(f"{settings.seed}-{name}")
+    if settings.workload != "lock":
+        name = f"{name} ({settings.workload})"
     run = Run(target, store_url, workdir, proxied=proxied, **_common(settings, **options))
     try:
-        await run.start(settings.workers)
+        await run.start(settings.workers if workers is None else workers)
         await body(run, rng)
         verdict = await run.finish(timeout=settings.duration * SCALE + 10 * settings.scaled_ttl() + 30)
     except BaseException:
@@ -138,6 +150,18 @@ async def _run(
     if not run.faults:
         verdict.violations.append("no fault was injected: the scenario proved nothing")
     return Outcome(name, target.kind, verdict, run.faults, run.notes, time.monotonic() - started)
+
+
+def _warned_first(outcome: Outcome) -> Outcome:
+    """A scenario whose fault stalls the renewals of a holder that keeps running: every
+    lease lost because it could not be renewed must have gone at risk first."""
+    outcome.stalled = True
+    if outcome.verdict.unwarned:
+        outcome.verdict.violations.append(
+            f"{outcome.verdict.unwarned} of {outcome.verdict.renewal_losses} leases lost to failing renewals "
+            "without an earlier at_risk"
+        )
+    return outcome
 
 
 def _long(ttl: float) -> dict[str, Any]:
@@ -251,7 +275,9 @@ async def partition(target: Target, store_url: str, workdir: Path, settings: Set
                 run.extra_violations.append("nobody acquired while the holder was partitioned past its ttl")
         await _until_done(run)
 
-    return await _run("partition", target, store_url, workdir, settings, body, proxied=True, **_long(ttl))
+    return _warned_first(
+        await _run("partition", target, store_url, workdir, settings, body, proxied=True, **_long(ttl))
+    )
 
 
 async def latency(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
@@ -299,7 +325,7 @@ async def server_frozen(target: Target, store_url: str, workdir: Path, settings:
             if not await _work_resumes(run, frozen_at, 10 * ttl):
                 run.extra_violations.append("no section started after the server came back")
 
-    return await _run("server frozen", target, store_url, workdir, settings, body, **_long(ttl))
+    return _warned_first(await _run("server frozen", target, store_url, workdir, settings, body, **_long(ttl)))
 
 
 async def server_restarted(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
@@ -369,6 +395,31 @@ async def server_restarted_kept(target: Target, store_url: str, workdir: Path, s
         await _until_done(run)
 
     return await _run("server restarted", target, store_url, workdir, settings, body, **_long(ttl))
+
+
+async def renewals_stalled(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """Stall the holder's renewals for 1.5 to 2.5 ttl inside a long section (memory://,
+    through asynclock.testing's fault controls in the worker): its lease goes at risk,
+    then is lost at its trusted deadline and its body cancelled with LockLost; the
+    worker takes the lock again. One worker: a memory:// lock table is its process's own."""
+    ttl = settings.scaled_ttl()
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0, ttl / 2))
+            victim = await run.holder(timeout=20 * ttl, min_hold=3 * ttl)
+            if victim is None:
+                continue
+            stall = rng.uniform(1.5, 2.5) * ttl
+            victim.send(f"stall {stall:.3f}")
+            run.faults += 1
+            await asyncio.sleep(stall)
+        await _until_done(run)
+
+    return _warned_first(
+        await _run("renewals stalled", target, store_url, workdir, settings, body, workers=1, **_long(ttl))
+    )
 
 
 async def script_flush(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
@@ -566,7 +617,7 @@ async def redlock_majority(target: Target, store_url: str, workdir: Path, settin
         if not any(w.log.gave_up for w in run.workers):
             run.notes.append("no acquire gave up (none was waiting while the majority was down)")
 
-    return await _run("redlock majority down", target, store_url, workdir, settings, body, **_long(ttl))
+    return _warned_first(await _run("redlock majority down", target, store_url, workdir, settings, body, **_long(ttl)))
 
 
 async def failover(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
@@ -644,6 +695,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("server-frozen", server_frozen, own_server=True),
     Scenario("restarted-empty", server_restarted, kinds=("redis",), own_server=True),
     Scenario("server-restarted", server_restarted_kept, kinds=("zookeeper", "postgres"), own_server=True),
+    Scenario("renewals-stalled", renewals_stalled, kinds=("memory",)),
     Scenario("script-flush", script_flush, kinds=("redis",)),
     Scenario("pubsub-killed", pubsub_killed, kinds=("redis",)),
     Scenario("leader-lost", leader_lost, kinds=("zookeeper",), ensemble=True),

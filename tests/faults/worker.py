@@ -1,5 +1,10 @@
 """One worker process: contends for one lock and records every critical section.
 
+With ``workload="election"`` it is a candidate of one election instead: a
+critical section is a term (``async with election.leadership()``), ended by a
+resign half the time and by leaving the block otherwise; the checker's rules
+are the same (no two terms overlap, tokens increase from term to term).
+
 Started by the runner as ``python -m tests.faults.worker '<json config>'``.
 It connects its own client, prints ``ready`` once connected, waits for
 ``go`` on stdin, then loops until it has run ``ops`` sections, ``duration``
@@ -24,7 +29,15 @@ once, so a SIGKILL loses nothing already written:
 * ``{"ev": "stuck", "asked", "t", "what", "tasks"}`` for an acquire past its
   bound on a backend that does not queue waiters (the plain lock is not fair:
   the checker tells starvation from a lock that stood still);
+* ``{"ev": "at_risk", "t", "reason"}`` when a lease goes at risk (a renewal
+  failed or did not answer in time), once per streak;
+* ``{"ev": "lost", "t", "loss", "warned", "reason"}`` when a lease is lost;
+  ``warned``: whether it went at risk since it was acquired or last renewed;
 * ``{"ev": "done", "ops", "t"}``.
+
+On ``memory://`` the runner can also send ``stall <seconds>``: the worker
+stalls its own client's renewals for that long (asynclock.testing's fault
+controls; a memory:// lock table is this process's own).
 
 Times are ``time.monotonic()``: CLOCK_MONOTONIC is system-wide on Linux, so
 they compare across processes.
@@ -70,6 +83,8 @@ class WorkerConfig:
     acquire_bound: float | None = None
     #: whether the backend gives fencing tokens (Redlock does not)
     tokens: bool = True
+    #: "lock" (a plain lock) or "election" (each section a term of leadership)
+    workload: str = "lock"
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -93,6 +108,8 @@ class Journal:
         self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
     def write(self, **event: Any) -> None:
+        if self._file.closed:
+            return  # (an event delivered while the client closed, after the run)
         self._file.write(json.dumps(event) + "\n")
         self._file.flush()
 
@@ -110,14 +127,21 @@ class Worker:
         self.stop = asyncio.Event()
         #: tries, answers and wake-ups of this client (Redis only; for the report of a stuck acquire)
         self.counts: dict[str, int] = {}
+        self.locks: asynclock.Locks | None = None
+        #: whether the lease held now went at risk since it was acquired or last renewed
+        self.at_risk = False
 
     async def run(self) -> None:
         config = self.config
         store = FencedStore(config.store_url, config.store_prefix)
-        locks = asynclock.connect(config.url, ttl=config.ttl, prefix=config.prefix)
+        locks = self.locks = asynclock.connect(
+            config.url, ttl=config.ttl, prefix=config.prefix, on_event=self._on_event
+        )
         try:
             async with locks:
-                lock = locks.lock(config.name)
+                lock: asynclock.Lock | asynclock.Election = locks.lock(config.name)
+                if config.workload == "election":
+                    lock = locks.election(config.name, identity=f"w{os.getpid()}")
                 await lock.info()  # connected
                 self.counts = _count_wakeups(locks)
                 self.journal.write(ev="ready", pid=os.getpid(), client=locks.client_id, t=time.monotonic())
@@ -133,6 +157,25 @@ class Worker:
             await store.aclose()
             self.journal.close()
 
+    def _on_event(self, event: asynclock.LockEvent) -> None:
+        """Journal when a lease goes at risk, and each loss with whether it went at risk first."""
+        if event.kind in ("acquired", "renewed"):
+            self.at_risk = False
+        elif event.kind == "at_risk":
+            if not self.at_risk:
+                self.journal.write(ev="at_risk", t=time.monotonic(), reason=event.reason)
+            self.at_risk = True
+        elif event.kind == "lost":
+            loss = None if event.loss is None else str(event.loss)
+            self.journal.write(ev="lost", t=time.monotonic(), loss=loss, warned=self.at_risk, reason=event.reason)
+            self.at_risk = False
+
+    def _stall(self, seconds: float) -> None:
+        from asynclock.testing import faults
+
+        assert self.locks is not None
+        faults(self.locks).stall_renewals(seconds)
+
     async def _wait_for_go(self) -> None:
         loop = asyncio.get_running_loop()
         go = asyncio.Event()
@@ -144,13 +187,15 @@ class Worker:
                     loop.call_soon_threadsafe(go.set)
                 elif word == "stop":
                     loop.call_soon_threadsafe(self.stop.set)
+                elif word.startswith("stall "):
+                    loop.call_soon_threadsafe(self._stall, float(word.split()[1]))
             loop.call_soon_threadsafe(go.set)
             loop.call_soon_threadsafe(self.stop.set)
 
         threading.Thread(target=read_stdin, daemon=True).start()
         await go.wait()
 
-    async def _one(self, locks: asynclock.Locks, lock: asynclock.Lock, store: FencedStore) -> None:
+    async def _one(self, locks: asynclock.Locks, lock: asynclock.Lock | asynclock.Election, store: FencedStore) -> None:
         config = self.config
         phase = ["acquire"]
         asked = time.monotonic()
@@ -182,7 +227,7 @@ class Worker:
             seen = f"info failed: {exc!r}"
         what = f"an operation did not finish within {bound}s + 2 ttl; the server shows {seen}; phase {stuck_in}"
         what += f"; meanwhile this client counted {meanwhile}"
-        if stuck_in != "release" and not _plain_lock_is_fair(locks):
+        if stuck_in != "release" and config.workload == "lock" and not _plain_lock_queues(locks):
             # The plain lock is not fair here (Redis Cluster, Redlock, memory):
             # a waiter may lose every race for it.
             # The checker decides (from the others' sections meanwhile) whether
@@ -194,13 +239,15 @@ class Worker:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    async def _section(self, lock: asynclock.Lock, store: FencedStore, phase: list[str]) -> None:
+    async def _section(self, lock: asynclock.Lock | asynclock.Election, store: FencedStore, phase: list[str]) -> None:
         config = self.config
         section: dict[str, Any] | None = None
         outcome = "ok"
         asked = time.monotonic()
+        held = lock if isinstance(lock, asynclock.Lock) else lock.leadership()
+        resign = isinstance(lock, asynclock.Election) and self.rng.random() < 0.5
         try:
-            async with lock as lease:
+            async with held as lease:
                 phase[0] = "body"
                 self.sid += 1
                 if config.tokens:
@@ -226,6 +273,9 @@ class Worker:
                         section["write"] = "sent"
                         accepted = await store.write(token, value + 1, self.who)
                         section["write"] = "ok" if accepted else "refused"
+                    if resign:
+                        assert isinstance(lock, asynclock.Election)
+                        await lock.resign()  # the term ends here: the block is left without an exception
                 finally:
                     section["end"] = time.monotonic()
                     # journaled before the release goes out: a worker killed from
@@ -251,15 +301,17 @@ class Worker:
             elif outcome.startswith("unavailable"):
                 self.journal.write(ev="unavailable", t=time.monotonic(), asked=asked, outcome=outcome)
 
-    async def _check_no_leftover_hold(self, locks: asynclock.Locks, lock: asynclock.Lock) -> None:
+    async def _check_no_leftover_hold(self, locks: asynclock.Locks, lock: asynclock.Lock | asynclock.Election) -> None:
         """After a cancelled operation, this client must not keep (or get) the lock."""
         deadline = time.monotonic() + self.config.ttl / 2
+        mine = locks.client_id if isinstance(lock, asynclock.Lock) else lock.identity
+        assert mine is not None
         while True:
             try:
                 owner = (await lock.info()).owner
             except asynclock.LockError:
                 return  # the server is away (a fault); nothing to see
-            if owner is None or not owner.startswith(locks.client_id):
+            if owner is None or (owner != mine if isinstance(lock, asynclock.Election) else not owner.startswith(mine)):
                 return
             if time.monotonic() >= deadline:
                 self.journal.write(ev="violation", what=f"hold {owner} left on the server after a cancellation")
@@ -283,17 +335,6 @@ def _stacks() -> str:
             lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_qualname}")
             awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
     return "\n".join(lines)
-
-
-def _plain_lock_is_fair(locks: asynclock.Locks) -> bool:
-    """Whether waiters of the plain lock are served in order (the server queues them)."""
-    from asynclock.abc import Notifies
-
-    backend = locks._backend
-    adapter = getattr(backend, "_adapter", None)
-    if adapter is not None:  # a backend served through the adapter-per-primitive protocol
-        return bool(adapter(LockRef("lock", "")).queues_waiters)
-    return not isinstance(backend, Notifies)
 
 
 def _count_wakeups(locks: asynclock.Locks) -> dict[str, int]:
@@ -357,3 +398,11 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def _plain_lock_queues(locks: asynclock.Locks) -> bool:
+    """Whether the server queues the plain lock's waiters (then it is fair, and a stuck waiter is a violation)."""
+    adapter = getattr(locks._backend, "_adapter", None)
+    if adapter is not None:  # a backend served through the adapter-per-primitive protocol
+        return bool(adapter(LockRef("lock", "")).queues_waiters)
+    return not locks._notifies  # a backend that answers Busy races its waiters

@@ -96,10 +96,18 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def pause(self) -> None:
-        """SIGSTOP: the server stops answering but keeps its connections open."""
+        """SIGSTOP: the server stops answering but keeps its connections open.
+
+        Returns once every thread of it is stopped: the signal only queues the
+        stop, and a thread still running meanwhile (on a busy machine, for a
+        millisecond or more) would answer a request sent after this returned.
+        """
         if self.running:
             os.kill(self.pid, signal.SIGSTOP)
             self._paused = True
+            deadline = time.monotonic() + 5
+            while not _all_stopped(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.0005)
 
     def resume(self) -> None:
         if self.running and self._paused:
@@ -133,3 +141,20 @@ class ServerProcess:
             import shutil
 
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T in /proc; True where there is no /proc)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as handle:
+                state = handle.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue  # the thread ended
+        if state not in ("T", "t", "Z", "X"):  # stopped (or a thread that has ended)
+            return False
+    return True

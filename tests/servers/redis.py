@@ -1,19 +1,23 @@
-"""redis-server on a free loopback port (and a unix socket), empty, no persistence."""
+"""redis-server on a free loopback port (and a unix socket), empty, no persistence.
+
+The command line of an empty, non-persistent server and the PING readiness
+probe are the ones ``asynclock demo`` starts its throwaway server with; this
+adds loopback TCP, TLS and the life cycle of :class:`ServerProcess`.
+"""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from asynclock._demo._server import answers_ping, redis_server_binary, redis_server_command
+
 from .base import ServerProcess, free_port
 
-
-def redis_server_binary() -> str | None:
-    return shutil.which("redis-server")
+__all__ = ["RedisServer", "redis_server_binary"]
 
 
 class RedisServer(ServerProcess):
@@ -70,7 +74,7 @@ class RedisServer(ServerProcess):
     def command(self) -> Sequence[str]:
         if self.tls:
             self._make_certificates()
-            listen = [
+            tcp = [
                 "--port", "0",
                 "--tls-port", str(self.port),
                 "--tls-cert-file", str(self.workdir / "server.crt"),
@@ -79,29 +83,20 @@ class RedisServer(ServerProcess):
                 "--tls-auth-clients", "no",
             ]  # fmt: skip
         else:
-            listen = ["--port", str(self.port)]
+            tcp = ["--port", str(self.port)]
+        listen = ["--bind", "127.0.0.1", *tcp, "--protected-mode", "no"]
         return [
-            self.binary,
-            "--bind", "127.0.0.1",
-            *listen,
-            "--unixsocket", str(self.socket_path),
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.workdir),
-            "--protected-mode", "no",
+            *redis_server_command(self.binary, self.workdir, listen=listen, unix_socket=self.socket_path),
             *self.extra,
-        ]  # fmt: skip
+        ]
 
     def is_ready(self) -> bool:
-        if self.tls:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as raw:
+            if not self.tls:
+                return answers_ping(raw)
             context = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as raw:
-                with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
-                    sock.sendall(b"PING\r\n")
-                    return sock.recv(64).startswith(b"+PONG")
-        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+                return answers_ping(sock)
 
     def restart_empty(self) -> None:
         """Kill it and start it again on the same port with no data (a crash without persistence)."""

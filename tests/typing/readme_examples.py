@@ -75,3 +75,34 @@ def classify(exc: Exception) -> str:
     if isinstance(exc, asynclock.BackendUnavailable):
         return "retry later"
     return "unknown"
+
+
+async def run_scheduler(*, fencing_token: int | None) -> None: ...
+
+
+async def leadership(locks: asynclock.Locks) -> None:
+    election: asynclock.Election = locks.election("scheduler", identity="replica-7", ttl=10)
+    async with election.leadership(timeout=None) as term:
+        identity: str = term.identity
+        since: float = term.since
+        lease: asynclock.Lease = term.lease
+        await run_scheduler(fencing_token=term.token)
+        print(identity, since, lease.remaining)
+        await election.resign()
+    leader: asynclock.Leader | None = await election.leader()
+    if leader is not None:
+        print(leader.identity, leader.token, leader.since)
+    async for change in election.observe():
+        print(None if change is None else change.identity)
+        break
+
+
+async def singleton_job(locks: asynclock.Locks) -> None:
+    @locks.singleton("nightly-report", at_most=600, at_least=60)
+    async def nightly_report(day: str) -> int:
+        return len(day)
+
+    value: int | None = await nightly_report("monday")
+    run: asynclock.JobRun[int] = await nightly_report.attempt("tuesday")
+    ran: bool = run.ran
+    print(value, ran, run.value, run.token)

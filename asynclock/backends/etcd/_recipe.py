@@ -56,9 +56,11 @@ holder's key was created after its predecessor's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 
-from ._wire import ASCEND, DESCEND, SORT_CREATE, Compare, KeyValue, Op, RangeResult, prefix_end
+from ._replies import KeyValue, RangeResult
+from ._wire import ASCEND, DESCEND, SORT_CREATE, Compare, Op, prefix_end, txn_request
 
 __all__ = ["Contender", "Layout", "escape_name", "unescape_name"]
 
@@ -119,12 +121,14 @@ Decide = Callable[[RangeResult], tuple[bool, tuple[bytes, bytes] | None]]
 
 @dataclass(frozen=True, slots=True)
 class Contender:
-    """One contender key of a queue and the rules it waits by."""
+    """One contender key of a queue, under one lease, and the rules it waits by."""
 
     #: the queue: every key under it takes part
     dir: bytes
     #: our key
     key: bytes
+    #: the lease the key is attached to
+    lease: int
     #: the request that finds what blocks a contender whose create revision is the argument
     blocker: Callable[[int], Op]
     #: whether a contender holds, given the blocker's answer, or what it waits for
@@ -132,13 +136,18 @@ class Contender:
     #: whether the creating transaction also reads the queue's first key (the
     #: Mutex does: an uncontended lock is then one round trip)
     reads_owner: bool = False
+    #: the creating transaction (:meth:`creating`), encoded once
+    create: bytes = field(init=False, repr=False)
 
-    def create(self, lease: int) -> tuple[list[Compare], list[Op], list[Op]]:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "create", txn_request(*self.creating()))
+
+    def creating(self) -> tuple[list[Compare], list[Op], list[Op]]:
         """The transaction that puts our key unless it exists; either way it reads it
         (and the first contender, for the Mutex)."""
         absent = Compare(self.key, target=1, result=0, value=0)  # create_revision == 0
         owner = [self.first()] if self.reads_owner else []
-        return [absent], [Op.put(self.key, b"", lease=lease), *owner], [Op.range(self.key), *owner]
+        return [absent], [Op.put(self.key, b"", lease=self.lease), *owner], [Op.range(self.key), *owner]
 
     def first(self) -> Op:
         """The queue's first contender (lowest create revision)."""
@@ -169,11 +178,13 @@ def _wait_for_it(answer: RangeResult) -> tuple[bool, tuple[bytes, bytes] | None]
     return False, (answer.kvs[0].key, b"")
 
 
+@lru_cache(maxsize=1024)
 def mutex(lock_key: str, lease: int) -> Contender:
-    """The contender of etcd's ``concurrency.Mutex`` for the client with ``lease``."""
+    """The contender of etcd's ``concurrency.Mutex`` for the client with ``lease`` (the
+    same for every turn of the client's tasks at that lock: made once)."""
     directory = f"{lock_key}/".encode()
     key = directory + f"{lease:x}".encode()
-    return Contender(directory, key, last_before(directory), _wait_for_it, reads_owner=True)
+    return Contender(directory, key, lease, last_before(directory), _wait_for_it, reads_owner=True)
 
 
 def _unique(lease: int, serial: int) -> str:
@@ -184,21 +195,21 @@ def writer(rw_key: str, lease: int, serial: int) -> Contender:
     """A writer of the read-write lock: waits for the last key of any kind before it."""
     directory = f"{rw_key}/".encode()
     key = directory + f"write/{_unique(lease, serial)}".encode()
-    return Contender(directory, key, last_before(directory), _wait_for_it)
+    return Contender(directory, key, lease, last_before(directory), _wait_for_it)
 
 
 def reader(rw_key: str, lease: int, serial: int) -> Contender:
     """A reader of the read-write lock: waits for the last writer before it."""
     directory = f"{rw_key}/".encode()
     key = directory + f"read/{_unique(lease, serial)}".encode()
-    return Contender(directory, key, last_before(directory + b"write"), _wait_for_it)
+    return Contender(directory, key, lease, last_before(directory + b"write"), _wait_for_it)
 
 
 def semaphore_mutex(sem_key: str, lease: int, serial: int) -> Contender:
     """The semaphore's mutex (the Mutex rule, one key per acquisition)."""
     directory = f"{sem_key}/locks/".encode()
     key = directory + _unique(lease, serial).encode()
-    return Contender(directory, key, last_before(directory), _wait_for_it, reads_owner=True)
+    return Contender(directory, key, lease, last_before(directory), _wait_for_it, reads_owner=True)
 
 
 def semaphore_lease(sem_key: str, lease: int, serial: int, permits: int) -> Contender:
@@ -215,7 +226,7 @@ def semaphore_lease(sem_key: str, lease: int, serial: int, permits: int) -> Cont
             return True, None
         return False, (directory, end)
 
-    return Contender(directory, key, blocker, decide)
+    return Contender(directory, key, lease, blocker, decide)
 
 
 def rw_holders(contenders: list[KeyValue], rw_key: str) -> list[KeyValue]:

@@ -170,7 +170,9 @@ class RedisBackend:
     # -- the request protocol ----------------------------------------------------
 
     def check_kind(self, kind: Kind) -> None:
-        """Every primitive; with ``replicas=`` the plain and fair lock only."""
+        """Every lock primitive (no elections); with ``replicas=`` the plain and fair lock only."""
+        if kind == "election":
+            raise unsupported(self.kind, kind, "use ZooKeeper (zk://) or memory://")
         if self.connection.replicas and kind in ("read", "write", "semaphore"):
             raise unsupported(
                 self.kind,

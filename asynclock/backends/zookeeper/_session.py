@@ -1,32 +1,22 @@
 """One ZooKeeper session, on aiozk's wire format, with our own life cycle.
 
-aiozk (0.32) serialises the requests and replies here (``aiozk.protocol``);
-the connection, the session and the watches are ours, because aiozk's own
-``Connection``/``Session`` misbehave where a lock cannot afford it:
+aiozk (0.32) serialises the rarer requests and replies (``aiozk.protocol``);
+the connection, the session and the watches are ours, for what a lock needs:
 
-* a dropped connection (EOF) went unnoticed until a ping timed out: here the
-  read loop ends on EOF and the connection is torn down at once, failing every
-  pending request with :class:`ZkConnectionLoss`;
-* a connection closed before the ConnectResponse was taken for an expired
-  session (the session id and password were dropped): here only an explicit
-  ``session_id == 0`` / ``timeout <= 0`` in a ConnectResponse means expiry;
-* reconnecting backed off 4 s, 8 s, … and probed each server with an
-  unbounded ``srvr`` command: here every attempt (TCP connect plus the
-  ConnectRequest round trip) is bounded by the session timeout divided by the
-  number of servers, and rounds are spaced by at most half a second;
-* requests were re-sent after a connection error (a duplicate sequential
-  node): here nothing is ever re-sent; the caller gets
-  :class:`ZkConnectionLoss` and decides (the lock recipe finds its node by its
-  GUID);
-* watches were re-registered (losing exists/deleted watches, and awaiting
-  inside the repair loop): here every watch is per connection; on disconnect
-  its callback runs with ``"disconnected"`` and the owner re-reads;
-* ``create`` dropped the Create2 stat: here Create2 returns it (czxid and
-  ephemeralOwner in the same round trip);
-* ``close()`` could wait a whole session timeout and raw ``aiozk.exc`` errors
-  leaked: here close is bounded and every error is ours
-  (:class:`ZkError` is a ``LockError``, :class:`ZkConnectionLoss` a
-  ``BackendUnavailable``, :class:`ZkRefused` a ``ConfigurationError``).
+* a dropped connection (EOF) is torn down at once, failing every request
+  in flight with :class:`ZkConnectionLoss`; nothing is ever re-sent (a
+  duplicate sequential node): the caller decides, and the recipe finds its
+  node by its GUID;
+* only an explicit ``session_id == 0`` / ``timeout <= 0`` in a
+  ConnectResponse means the session expired, never a connection closed
+  before answering;
+* every connection attempt (TCP connect plus the ConnectRequest round trip)
+  is bounded by the session timeout divided by the number of servers, and
+  rounds are spaced by at most half a second;
+* every watch belongs to its connection: on disconnect its callback runs
+  with ``"disconnected"`` and its owner reads again;
+* Create2 answers with the stat (czxid and ephemeralOwner in one round trip);
+* ``close()`` is bounded, and every error is asynclock's (:mod:`._wire`).
 
 The first connection is bounded by the caller's time, and gives up at once
 when every server refused the connection or has a name that does not
@@ -46,288 +36,57 @@ timeout is given up and another server is tried.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import random
 import socket
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 try:
-    from aiozk import exc as zk_exc
     from aiozk import protocol
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
-from .._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._errors import LockError
+from ..._timing import Backoff
+from ._connection import Conn, Pending, WatchCallback, cause, handshake
+from ._wire import (
+    AUTH_XID,
+    EXISTS_OPCODE,
+    FRAME_SIZE,
+    NO_NODE,
+    PARSERS,
+    PING_XID,
+    REPLY_HEADER,
+    SESSION_EXPIRED,
+    SESSION_MOVED,
+    STATE_EXPIRED,
+    WATCH_XID,
+    ZkConnectionLoss,
+    error_for,
+)
 
-__all__ = [
-    "CREATOR_ACL",
-    "NODE_EXISTS",
-    "OPEN_ACL",
-    "NO_NODE",
-    "Request",
-    "Stat",
-    "ZStat",
-    "children_request",
-    "create_request",
-    "delete_request",
-    "exists_request",
-    "WatchCallback",
-    "ZkConnectionLoss",
-    "ZkError",
-    "ZkRefused",
-    "ZkSession",
-]
+__all__ = ["WatchCallback", "ZkSession"]
 
 logger = logging.getLogger("asynclock")
 
-_SIZE = struct.Struct("!i")
-_REPLY = struct.Struct("!iqi")
-_WATCH_XID = -1
-_PING_XID = -2
-_AUTH_XID = -4
-
-# ZooKeeper error codes used by the recipe
-NO_NODE = -101
-NODE_EXISTS = -110
-NOT_EMPTY = -111
-SESSION_EXPIRED = -112
-SESSION_MOVED = -118
-#: Refusals no retry fixes: the ACL does not let this client in, or its
-#: authentication failed.
-NO_AUTH = -102
-AUTH_FAILED = -115
-_REFUSALS = {NO_AUTH: "the ACL refuses this client", AUTH_FAILED: "authentication failed"}
-
-_EVENT_CREATED, _EVENT_DELETED, _EVENT_CHANGED, _EVENT_CHILDREN = 1, 2, 3, 4
-_STATE_EXPIRED = -112
-
-#: Flags of a create request.
-EPHEMERAL, SEQUENTIAL, CONTAINER = 1, 2, 4
-
-#: Largest reply accepted (ZooKeeper's own jute.maxbuffer default is 1 MiB).
-_MAX_FRAME = 64 * 1024 * 1024
 #: Longest pause between two rounds of connection attempts, in seconds.
 _MAX_ROUND_PAUSE = 0.5
-
-#: A watch's callback, called once with ``"deleted"`` (the node went),
-#: ``"event"`` (any other change) or ``"disconnected"`` (the watch is gone
-#: with its connection: read again after the reconnect).
-WatchCallback = Callable[[str], None]
-
-
-class ZkError(LockError):
-    """ZooKeeper answered a request with an error ``code`` (e.g. NoNode, -101)."""
-
-    def __init__(self, code: int, path: str = "") -> None:
-        kind = zk_exc.response_error_xref.get(code)
-        self.code = code
-        self.label = kind.__name__ if kind is not None else f"error {code}"
-        super().__init__(f"ZooKeeper: {self.label}" + (f" ({path})" if path else ""))
-
-
-class ZkRefused(ZkError, ConfigurationError):
-    """ZooKeeper refused a request for this client's credentials or the node's ACL (NoAuth, AuthFailed).
-
-    No retry fixes it; the message names the server and the path, never a password.
-    """
-
-    def __init__(self, code: int, path: str = "", host: str = "") -> None:
-        super().__init__(code, path)
-        what = _REFUSALS.get(code, "refused")
-        where = f" {path}" if path else ""
-        self.args = (
-            f"ZooKeeper at {host or '?'} refused{where}: {self.label} ({what}; check the credentials,"
-            " zk://user:password@host/chroot, and the ACL of the chroot)",
-        )
-
-
-def _error(code: int, path: str, host: str) -> ZkError:
-    """The exception for an error reply ``code`` to a request on ``path`` from ``host``."""
-    return ZkRefused(code, path, host) if code in _REFUSALS else ZkError(code, path)
-
-
-class ZkConnectionLoss(BackendUnavailable):
-    """The connection dropped (or the session expired) before the answer came: outcome unknown."""
-
-
-@dataclass(frozen=True, slots=True)
-class Stat:
-    """The parts of a znode's stat the recipe uses."""
-
-    czxid: int
-    ephemeral_owner: int
-
-    @classmethod
-    def of(cls, raw: Any) -> Stat:
-        return cls(int(raw.created_zxid), int(raw.ephemeral_owner))
-
-
-# -- the hot path's wire format, by hand ---------------------------------------------
-#
-# aiozk's generic (de)serialisation costs tens of microseconds per request; a
-# lock takes three. The requests the recipe sends all the time (create,
-# getChildren, delete, exists) and their replies are (de)serialised here with
-# ``struct``, in jute's format: big-endian ints, a string or buffer as its
-# length and its bytes, a vector as its length and its items.
-
-_INT = struct.Struct("!i")
-_HEADER = struct.Struct("!ii")
-_STAT = struct.Struct("!qqqqiiiqiiq")
-_OPCODE_CREATE2, _OPCODE_CONTAINER = 15, 19
-_OPCODE_DELETE, _OPCODE_EXISTS, _OPCODE_CHILDREN = 2, 3, 8
-
-
-def _ustring(value: str) -> bytes:
-    data = value.encode()
-    return _INT.pack(len(data)) + data
-
-
-#: one ACL: every permission (31) for world:anyone
-OPEN_ACL = _INT.pack(1) + _INT.pack(31) + _ustring("world") + _ustring("anyone")
-#: one ACL: every permission for the identities the creating connection
-#: authenticated as (ZooKeeper's ``auth`` scheme; refused without credentials)
-CREATOR_ACL = _INT.pack(1) + _INT.pack(31) + _ustring("auth") + _ustring("")
-
-
-class Request:
-    """A request whose body is serialised already; ``serialize(xid)`` adds the header."""
-
-    __slots__ = ("body", "opcode")
-
-    def __init__(self, opcode: int, body: bytes) -> None:
-        self.opcode = opcode
-        self.body = body
-
-    def serialize(self, xid: int) -> bytes:
-        return _HEADER.pack(xid, self.opcode) + self.body
-
-
-def create_request(
-    path: str, flags: int, *, container: bool = False, data: bytes = b"", acl: bytes = OPEN_ACL
-) -> Request:
-    """Create2 (or createContainer) of a node holding ``data``; the reply carries the stat.
-
-    ``acl`` is a serialised ACL vector: :data:`OPEN_ACL` (default) or :data:`CREATOR_ACL`.
-    """
-    body = _ustring(path) + _INT.pack(len(data)) + data + acl + _INT.pack(flags)
-    return Request(_OPCODE_CONTAINER if container else _OPCODE_CREATE2, body)
-
-
-def children_request(path: str, watch: bool = False) -> Request:
-    return Request(_OPCODE_CHILDREN, _ustring(path) + (b"\x01" if watch else b"\x00"))
-
-
-def delete_request(path: str, version: int = -1) -> Request:
-    return Request(_OPCODE_DELETE, _ustring(path) + _INT.pack(version))
-
-
-def exists_request(path: str, watch: bool = False) -> Request:
-    return Request(_OPCODE_EXISTS, _ustring(path) + (b"\x01" if watch else b"\x00"))
-
-
-class ZStat(NamedTuple):
-    """A znode's stat, with aiozk's field names."""
-
-    created_zxid: int
-    last_modified_zxid: int
-    created: int
-    modified: int
-    version: int
-    child_version: int
-    acl_version: int
-    ephemeral_owner: int
-    data_length: int
-    num_children: int
-    last_modified_children: int
-
-
-class Created(NamedTuple):
-    path: str
-    stat: ZStat
-
-
-class Children(NamedTuple):
-    children: list[str]
-
-
-class Exists(NamedTuple):
-    stat: ZStat
-
-
-def _read_string(body: bytes, offset: int) -> tuple[str, int]:
-    (size,) = _INT.unpack_from(body, offset)
-    offset += _INT.size
-    if size < 0:
-        return "", offset
-    end = offset + size
-    if end > len(body):
-        raise ValueError("string past the end of the reply")
-    return body[offset:end].decode(), end
-
-
-def _parse_created(body: bytes) -> Created:
-    path, offset = _read_string(body, 0)
-    return Created(path, ZStat._make(_STAT.unpack_from(body, offset)))
-
-
-def _parse_children(body: bytes) -> Children:
-    (count,) = _INT.unpack_from(body, 0)
-    offset = _INT.size
-    children = []
-    for _ in range(max(count, 0)):
-        child, offset = _read_string(body, offset)
-        children.append(child)
-    return Children(children)
-
-
-def _parse_exists(body: bytes) -> Exists:
-    return Exists(ZStat._make(_STAT.unpack_from(body, 0)))
-
-
-_PARSERS: dict[int, Callable[[bytes], Any]] = {
-    _OPCODE_CREATE2: _parse_created,
-    _OPCODE_CONTAINER: _parse_created,
-    _OPCODE_CHILDREN: _parse_children,
-    _OPCODE_EXISTS: _parse_exists,
-}
-
-
-@dataclass(eq=False)
-class _Pending:
-    future: asyncio.Future[Any]
-    sent_at: float
-    opcode: int
-    path: str
-    watch: tuple[str, WatchCallback] | None = None
-
-
-@dataclass(eq=False)
-class _Conn:
-    seq: int
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    host: str
-    last_recv: float
-    last_send: float
-    pending: dict[int, _Pending] = field(default_factory=dict)
-    pings: collections.deque[tuple[float, asyncio.Future[float] | None]] = field(default_factory=collections.deque)
-    dead: bool = False
 
 
 class ZkSession:
     """A ZooKeeper session kept alive across connections to any server of ``hosts``.
 
     Callbacks: ``on_connected()`` after every (re)connection of a live
-    session, ``on_expired(session_id)`` when the server reports that session
-    expired (a new one is then created), ``keepalive()`` whether the session
-    should ping by itself while idle (the lock backend turns this off while it
-    holds locks: then the lease watchdog's renewals are the heartbeat, so a
-    stalled watchdog lets the session, and the lock, go).
+    session, ``on_disconnected(reason)`` when the connection of a live
+    session is lost (it may still be alive: it reconnects),
+    ``on_expired(session_id)`` when the server reports that session expired
+    (a new one is then created), ``keepalive()`` whether the session should
+    ping by itself while idle (the lock backend turns this off while it holds
+    locks: then the lease watchdog's renewals are the heartbeat, so a stalled
+    watchdog lets the session, and the lock, go).
     """
 
     def __init__(
@@ -337,6 +96,7 @@ class ZkSession:
         timeout: float,
         on_connected: Callable[[], None] = lambda: None,
         on_expired: Callable[[int], None] = lambda sid: None,
+        on_disconnected: Callable[[str], None] = lambda reason: None,
         keepalive: Callable[[], bool] = lambda: True,
         auth: Sequence[tuple[str, bytes]] = (),
     ) -> None:
@@ -348,6 +108,7 @@ class ZkSession:
         self.requested_timeout = timeout
         self.on_connected = on_connected
         self.on_expired = on_expired
+        self.on_disconnected = on_disconnected
         self.keepalive = keepalive
         self.session_id = 0
         self._password = b"\x00" * 16
@@ -356,11 +117,10 @@ class ZkSession:
         self.last_zxid = 0
         self.confirmed_at = 0.0
         self.reconnects = 0
-        self._conn: _Conn | None = None
+        self._conn: Conn | None = None
         self._conn_seq = 0
         self._xid = 0
         self._connected = asyncio.Event()
-        self._watches: dict[tuple[str, str], list[WatchCallback]] = {}
         self._runner: asyncio.Task[None] | None = None
         self._closed = False
         self._closing = False
@@ -468,14 +228,14 @@ class ZkSession:
 
     # -- requests --------------------------------------------------------------
 
-    def _current(self) -> _Conn:
+    def _current(self) -> Conn:
         conn = self._conn
         if conn is None or conn.dead or self._closed:
             raise ZkConnectionLoss("not connected to ZooKeeper")
         return conn
 
     def _send(
-        self, conn: _Conn, request: Any, path: str, watch: tuple[str, WatchCallback] | None = None
+        self, conn: Conn, request: Any, path: str, watch: tuple[str, WatchCallback] | None = None
     ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         self._xid = self._xid + 1 if self._xid < 2**31 - 1 else 1
@@ -483,10 +243,10 @@ class ZkSession:
         payload = request.serialize(xid)
         future: asyncio.Future[Any] = loop.create_future()
         now = loop.time()
-        conn.pending[xid] = _Pending(future, now, int(request.opcode), path, watch)
+        conn.pending[xid] = Pending(future, now, int(request.opcode), path, watch)
         conn.last_send = now
         try:
-            conn.writer.write(_SIZE.pack(len(payload)) + payload)
+            conn.write(payload)
         except (OSError, RuntimeError) as exc:
             self._drop(conn, f"write failed: {exc!r}")
         return future
@@ -516,23 +276,16 @@ class ZkSession:
         self._write_ping(conn, future)
         return await future
 
-    def _write_ping(self, conn: _Conn, future: asyncio.Future[float] | None) -> None:
-        now = asyncio.get_running_loop().time()
-        conn.pings.append((now, future))
-        conn.last_send = now
-        payload = protocol.PingRequest().serialize(_PING_XID)
+    def _write_ping(self, conn: Conn, future: asyncio.Future[float] | None) -> None:
         try:
-            conn.writer.write(_SIZE.pack(len(payload)) + payload)
+            conn.write_ping(asyncio.get_running_loop().time(), future)
         except (OSError, RuntimeError) as exc:
             self._drop(conn, f"write failed: {exc!r}")
 
     def unwatch(self, kind: str, path: str, callback: WatchCallback) -> None:
         """Forget a watch callback that is no longer wanted (the server's watch stays, harmless)."""
-        callbacks = self._watches.get((kind, path))
-        if callbacks and callback in callbacks:
-            callbacks.remove(callback)
-            if not callbacks:
-                del self._watches[(kind, path)]
+        if self._conn is not None:
+            self._conn.unwatch(kind, path, callback)
 
     # -- the connection loop -----------------------------------------------------
 
@@ -543,7 +296,7 @@ class ZkSession:
         return "; ".join(f"{where}: {cause}" for where, cause in self._causes.items())
 
     async def _run(self) -> None:
-        failures = 0
+        backoff = Backoff(cap=_MAX_ROUND_PAUSE)
         while not self._closed and not self._closing:
             conn, definitive = await self._connect_round()
             if conn is None:
@@ -552,11 +305,9 @@ class ZkSession:
                     self._unreachable = f"no ZooKeeper server could be reached: {self._describe_causes()}"
                     self._connected.set()  # wake the caller of start(), which sees why
                     return
-                failures += 1
-                pause = min(_MAX_ROUND_PAUSE, 0.02 * 2 ** min(failures, 8))
-                await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+                await asyncio.sleep(backoff.next() * random.uniform(0.5, 1.0))
                 continue
-            failures = 0
+            backoff.reset()
             self._established = True
             self._conn = conn
             self._last_host = conn.host
@@ -574,7 +325,7 @@ class ZkSession:
                 with contextlib.suppress(asyncio.CancelledError):
                     await monitor
 
-    async def _connect_round(self) -> tuple[_Conn | None, bool]:
+    async def _connect_round(self) -> tuple[Conn | None, bool]:
         """Try each server once, starting with the next in turn.
 
         Returns the connection, or None and whether every server's answer was
@@ -590,7 +341,7 @@ class ZkSession:
                 conn = await self._open(host, port, budget)
             except (OSError, TimeoutError, EOFError, asyncio.IncompleteReadError, struct.error) as exc:
                 logger.debug("ZooKeeper %s:%d: %r", host, port, exc)
-                self._causes[where] = _cause(exc, budget)
+                self._causes[where] = cause(exc, budget)
                 definitive = definitive and isinstance(exc, (socket.gaierror, ConnectionRefusedError))
                 continue
             except Exception as exc:  # a garbled answer: try the next server, never stop reconnecting
@@ -605,31 +356,17 @@ class ZkSession:
             definitive = False
         return None, definitive
 
-    async def _open(self, host: str, port: int, budget: float) -> _Conn | None:
-        loop = asyncio.get_running_loop()
-        writer: asyncio.StreamWriter | None = None
-        try:
-            async with asyncio.timeout(budget):
-                reader, writer = await asyncio.open_connection(host, port)
-                request = protocol.ConnectRequest(
-                    protocol_version=0,
-                    last_seen_zxid=self.last_zxid,
-                    timeout=max(1, round(self.requested_timeout * 1000)),
-                    session_id=self.session_id,
-                    password=self._password,
-                    read_only=False,
-                )
-                payload = request.serialize()
-                sent = loop.time()
-                writer.write(_SIZE.pack(len(payload)) + payload)
-                (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
-                # a closed connection here is a refusal (the server is not
-                # serving, or is behind our last zxid), never an expiry
-                answer = protocol.ConnectResponse.deserialize(await reader.readexactly(size))
-        except BaseException:
-            if writer is not None:
-                writer.close()
-            raise
+    async def _open(self, host: str, port: int, budget: float) -> Conn | None:
+        request = protocol.ConnectRequest(
+            protocol_version=0,
+            last_seen_zxid=self.last_zxid,
+            timeout=max(1, round(self.requested_timeout * 1000)),
+            session_id=self.session_id,
+            password=self._password,
+            read_only=False,
+        )
+        shake = await handshake(host, port, budget, request)
+        answer, writer, sent = shake.answer, shake.writer, shake.sent
         if answer.session_id == 0 or answer.timeout <= 0:
             writer.close()
             if self.session_id:
@@ -649,12 +386,12 @@ class ZkSession:
         for scheme, credentials in self._auth:
             # Answered in order, before any request of ours: the server
             # applies the credentials to everything sent after them.
-            auth = protocol.AuthRequest(type=0, scheme=scheme, auth=credentials).serialize(_AUTH_XID)
-            writer.write(_SIZE.pack(len(auth)) + auth)
+            auth = protocol.AuthRequest(type=0, scheme=scheme, auth=credentials).serialize(AUTH_XID)
+            writer.write(FRAME_SIZE.pack(len(auth)) + auth)
         self._conn_seq += 1
-        now = loop.time()
+        now = asyncio.get_running_loop().time()
         logger.debug("ZooKeeper session %#x on %s:%d, timeout %.3fs", self.session_id, host, port, self.timeout)
-        return _Conn(self._conn_seq, reader, writer, f"{host}:{port}", last_recv=now, last_send=now)
+        return Conn(self._conn_seq, shake.reader, writer, f"{host}:{port}", last_recv=now, last_send=now)
 
     def _expire(self, reason: str) -> None:
         old = self.session_id
@@ -668,16 +405,14 @@ class ZkSession:
             except Exception:
                 logger.exception("ZooKeeper on_expired callback failed")
 
-    async def _read_loop(self, conn: _Conn) -> None:
+    async def _read_loop(self, conn: Conn) -> None:
         loop = asyncio.get_running_loop()
-        reader = conn.reader
         while not conn.dead:
             try:
-                (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
-                if not _REPLY.size <= size <= _MAX_FRAME:
-                    self._drop(conn, f"bad frame length {size} from {conn.host}")
-                    return
-                frame = await reader.readexactly(size)
+                frame = await conn.read_frame()
+            except ValueError as exc:
+                self._drop(conn, str(exc))
+                return
             except (asyncio.IncompleteReadError, OSError) as exc:
                 self._drop(conn, f"connection to {conn.host} lost: {exc!r}")
                 return
@@ -689,21 +424,26 @@ class ZkSession:
                 self._drop(conn, f"bad reply: {exc!r}")
                 return
 
-    def _dispatch(self, conn: _Conn, frame: bytes) -> None:
+    def _dispatch(self, conn: Conn, frame: bytes) -> None:
         """Handle one reply frame: an answer, a ping answer, or a watch event."""
-        xid, zxid, code = _REPLY.unpack_from(frame)
-        body = frame[_REPLY.size :]
+        xid, zxid, code = REPLY_HEADER.unpack_from(frame)
+        body = frame[REPLY_HEADER.size :]
         if zxid > 0:
             self.last_zxid = max(self.last_zxid, zxid)
-        if xid == _WATCH_XID:
-            self._on_event(protocol.WatchEvent.deserialize(body))
-        elif xid == _PING_XID:
+        if xid == WATCH_XID:
+            event = protocol.WatchEvent.deserialize(body)
+            if event.type == -1:
+                if event.state == STATE_EXPIRED:
+                    self._expire("the server sent a session expired event")
+            else:
+                conn.fire(event.type, event.path)
+        elif xid == PING_XID:
             if conn.pings:
                 sent, future = conn.pings.popleft()
                 self.confirmed_at = max(self.confirmed_at, sent)
                 if future is not None and not future.done():
                     future.set_result(sent)
-        elif xid != _AUTH_XID:
+        elif xid != AUTH_XID:
             pending = conn.pending.pop(xid, None)
             if pending is None:
                 return
@@ -718,21 +458,22 @@ class ZkSession:
                 return
             if code != SESSION_MOVED:
                 self.confirmed_at = max(self.confirmed_at, pending.sent_at)
-            self._answer(pending, code, body, conn.host)
+            self._answer(conn, pending, code, body)
 
-    def _answer(self, pending: _Pending, code: int, body: bytes, host: str) -> None:
+    def _answer(self, conn: Conn, pending: Pending, code: int, body: bytes) -> None:
         future = pending.future
+        if code == NO_NODE and pending.opcode == EXISTS_OPCODE and pending.watch is not None:
+            conn.watch(*pending.watch, pending.path)  # the server watches for the node's creation
         if code:
             if not future.done():
-                future.set_exception(_error(code, pending.path, host))
+                future.set_exception(error_for(code, pending.path, conn.host))
                 future.exception()  # retrieved: callers may have gone
             return
         if pending.watch is not None:
-            kind, callback = pending.watch
-            self._watches.setdefault((kind, pending.path), []).append(callback)
+            conn.watch(*pending.watch, pending.path)
         if future.done():
             return
-        parse = _PARSERS.get(pending.opcode)
+        parse = PARSERS.get(pending.opcode)
         try:
             if parse is not None:
                 reply = parse(body)
@@ -744,24 +485,7 @@ class ZkSession:
             return
         future.set_result(reply)
 
-    def _on_event(self, event: Any) -> None:
-        if event.type == -1:
-            if event.state == _STATE_EXPIRED:
-                self._expire("the server sent a session expired event")
-            return
-        kinds: tuple[str, ...]
-        if event.type == _EVENT_DELETED:
-            kinds = ("data", "child")
-        elif event.type == _EVENT_CHILDREN:
-            kinds = ("child",)
-        else:
-            kinds = ("data",)
-        what = "deleted" if event.type == _EVENT_DELETED else "event"
-        for kind in kinds:
-            for callback in self._watches.pop((kind, event.path), []):
-                _run_callback(callback, what)
-
-    async def _monitor(self, conn: _Conn) -> None:
+    async def _monitor(self, conn: Conn) -> None:
         """Ping while idle (if wanted) and give up a connection that stopped answering."""
         loop = asyncio.get_running_loop()
         while not conn.dead:
@@ -778,51 +502,17 @@ class ZkSession:
                 self._drop(conn, f"{conn.host} did not answer for {now - max(oldest, conn.last_recv):.3f}s")
                 return
 
-    def _drop(self, conn: _Conn, reason: str) -> None:
-        """Tear ``conn`` down: fail its pending requests, fire every watch with "disconnected"."""
+    def _drop(self, conn: Conn, reason: str) -> None:
+        """Tear ``conn`` down: fail its requests in flight, fire every watch with "disconnected"."""
         if conn.dead:
             return
-        conn.dead = True
         logger.debug("ZooKeeper connection %s dropped: %s", conn.host, reason)
-        conn.writer.close()
-        with contextlib.suppress(Exception):
-            conn.writer.transport.abort()
         if self._conn is conn:
             self._conn = None
             if not self._closed:
                 self._connected.clear()
-        error = ZkConnectionLoss(f"ZooKeeper connection lost: {reason}")
-        for pending in conn.pending.values():
-            if not pending.future.done():
-                pending.future.set_exception(error)
-                pending.future.exception()
-        conn.pending.clear()
-        for _, future in conn.pings:
-            if future is not None and not future.done():
-                future.set_exception(error)
-                future.exception()
-        conn.pings.clear()
-        watches, self._watches = self._watches, {}
-        for callbacks in watches.values():
-            for callback in callbacks:
-                _run_callback(callback, "disconnected")
-
-
-def _cause(exc: BaseException, budget: float) -> str:
-    """Why a connection attempt failed, in a few words."""
-    if isinstance(exc, socket.gaierror):
-        return "name not resolved"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, TimeoutError):
-        return f"timed out after {budget:.3g} s"
-    if isinstance(exc, (EOFError, asyncio.IncompleteReadError)):
-        return "closed the connection before answering"
-    return str(exc) or type(exc).__name__
-
-
-def _run_callback(callback: WatchCallback, what: str) -> None:
-    try:
-        callback(what)
-    except Exception:
-        logger.exception("ZooKeeper watch callback failed")
+                try:
+                    self.on_disconnected(reason)
+                except Exception:
+                    logger.exception("ZooKeeper on_disconnected callback failed")
+        conn.close(reason)

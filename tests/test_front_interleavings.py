@@ -1,4 +1,4 @@
-"""Interleavings found by reviewing the core (front, watchdog, wake-ups), run per backend."""
+"""Interleavings of the front (engine, watchdog, wake-ups, close), run per backend."""
 
 from __future__ import annotations
 

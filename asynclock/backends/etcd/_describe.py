@@ -1,0 +1,94 @@
+"""What etcd says about a lock (``info``) and which locks have contenders (``names``): reads only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+
+from ..._errors import LockError
+from ..._values import LockInfo
+from . import _recipe
+from ._client import EtcdClient
+from ._queue import Node
+from ._recipe import Layout
+from ._replies import KeyValue
+from ._session import Session
+from ._wire import ASCEND, SORT_CREATE, prefix_end, range_request
+
+__all__ = ["describe", "lock_names"]
+
+
+async def describe(
+    client: EtcdClient,
+    session: Session,
+    nodes: Iterable[Node],
+    name: str,
+    key: str,
+    directory: bytes,
+    pick: Callable[[list[KeyValue]], list[KeyValue]],
+    *,
+    local: int = 0,
+    queue: bytes | None = None,
+) -> LockInfo:
+    """The contenders under ``directory`` in create order, of which ``pick`` holds;
+    waiters are the others (or the contenders under ``queue``), and ``local`` tasks
+    of this client waiting for their turn. ``nodes``: this client's, whose holders
+    are shown by hold id (others by key)."""
+    timeout = session.window()
+    contenders = (await client.range(_range_all(directory, sort=True), timeout)).kvs
+    holders = pick(contenders)
+    if queue is None:
+        waiters = len(contenders) - len(holders)
+    else:
+        waiters = len((await client.range(_range_all(queue), timeout)).kvs)
+    waiters += local
+    if not holders:
+        return LockInfo(name=name, key=key, owner=None, hold_count=0, ttl=None, waiters=waiters, token=None)
+    ours = {node.contender.key: node for node in nodes if node.held and node.contender is not None}
+    ids = tuple(ours[kv.key].hold if kv.key in ours else kv.key.decode(errors="replace") for kv in holders)
+    first = holders[0]
+    mine = ours.get(first.key)
+    ttl: float | None = None
+    if mine is not None and mine.lease is not None:
+        left = mine.lease.confirmed_at + session.lease_time(mine.ttl) - asyncio.get_running_loop().time()
+        ttl = max(0.0, left)
+    elif first.lease:
+        with contextlib.suppress(LockError):
+            # whole seconds left, rounded down; -1 once expired
+            alive = await client.time_to_live(first.lease, timeout)
+            ttl = float(alive.ttl) if alive.ttl >= 0 else None
+    return LockInfo(
+        name=name,
+        key=key,
+        owner=ids[0],
+        hold_count=mine.count if mine is not None else 1,
+        ttl=ttl,
+        waiters=waiters,
+        token=first.create_revision,
+        holders=ids,
+    )
+
+
+async def lock_names(client: EtcdClient, layout: Layout, timeout: float) -> list[str]:
+    """Plain lock names under ``layout`` that have contenders now."""
+    root = layout.root
+    answer = await client.range(_range_all(root), timeout)
+    found = set()
+    for kv in answer.kvs:
+        segment = kv.key[len(root) :].split(b"/", 1)[0].decode(errors="replace")
+        if segment and segment not in _recipe.RESERVED:
+            with contextlib.suppress(UnicodeDecodeError):
+                found.add(_recipe.unescape_name(segment))
+    return sorted(found)
+
+
+def _range_all(directory: bytes, *, sort: bool = False) -> bytes:
+    """A Range request for the keys (no values) under ``directory``, in create order with ``sort``."""
+    return range_request(
+        directory,
+        prefix_end(directory),
+        keys_only=True,
+        sort_order=ASCEND if sort else 0,
+        sort_target=SORT_CREATE if sort else 0,
+    )

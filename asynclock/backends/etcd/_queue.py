@@ -1,0 +1,388 @@
+"""The queue of an etcd lock: contender keys created, waited on, and deleted.
+
+A :class:`Node` is one acquisition's contender key (the rules it follows
+are in :mod:`._recipe`). :meth:`Queue.advance` is the one step every request
+takes: create the key under the client's lease if it has none, find out
+whether it holds, and, when asked to wait, watch the one key (or range) that
+blocks it until that is deleted, in the caller's task.
+
+The Mutex keys a contender by its lease, so a client has one key per lock:
+its tasks take turns for that key here (:class:`Slot`), first come first
+served, and each turn creates the key anew.
+
+Deleting a key is careful about one thing: a create that etcd may still
+apply after its caller stopped waiting (a cancelled or timed-out request).
+Such a create is sent with :meth:`EtcdClient.send`, so it runs to its answer
+whatever happens to the caller, and :meth:`Queue.cleanup` waits for that
+answer before it deletes; a create whose answer never came is swept once
+more a request window later. A key left behind would block its lock for as
+long as the client's lease lives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..._errors import LockError
+from ..._timing import Backoff
+from ._client import EtcdClient, EtcdError, EtcdUnavailable, Sent
+from ._recipe import Contender
+from ._replies import TxnResult
+from ._session import Lease, Session
+from ._watch import Watch
+from ._wire import Op
+
+__all__ = ["Node", "Queue", "Slot"]
+
+logger = logging.getLogger("asynclock")
+
+#: Why a request fails once the backend is closed.
+CLOSED = "the etcd client is closed"
+
+
+@dataclass(eq=False)
+class Slot:
+    """The one Mutex key a client has per lock, and its tasks' turns for it."""
+
+    owner: str | None = None
+    queue: deque[tuple[str, asyncio.Future[None]]] = field(default_factory=deque)
+
+
+@dataclass(eq=False)
+class Node:
+    """One acquisition's contender key, and what we know of it."""
+
+    name: str
+    hold: str
+    ttl: float
+    #: the contender for a lease id (its key names the lease)
+    make: Callable[[int], Contender]
+    #: the Mutex prefix whose one key of this client this node takes turns for (plain and fair lock)
+    turns: str | None = None
+    contender: Contender | None = None
+    lease: Lease | None = None
+    #: create revision of our key (0: not created, or gone)
+    revision: int = 0
+    count: int = 1
+    held: bool = False
+    #: the local turn this node has, or waits for
+    slot: Slot | None = None
+    turn: asyncio.Future[None] | None = None
+    #: a semaphore's mutex, held while its lease key waits
+    mutex: Node | None = None
+    #: the create request whose answer is not in yet, and whether a create may have landed unseen
+    creating: Sent | None = None
+    uncertain: bool = False
+    finisher: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the node's lease (and so its key, if it has one) may still exist."""
+        return self.lease is not None and not self.lease.gone
+
+    @property
+    def has_key(self) -> bool:
+        """Whether a key of this node may exist on the server."""
+        return self.alive and (self.revision != 0 or self.creating is not None or self.uncertain)
+
+
+class Queue:
+    """Contender keys of one client: creating, advancing, taking turns, deleting."""
+
+    def __init__(self, client: EtcdClient, session: Session) -> None:
+        self._client = client
+        self._session = session
+        self._slots: dict[str, Slot] = {}
+        self._waits: set[Watch] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.closed = False
+
+    # -- turns (the Mutex's one key per client) ------------------------------------------
+
+    def take_turn(self, node: Node) -> bool:
+        """Give ``node`` its client's key of its lock if no other task of the client has it."""
+        assert node.turns is not None
+        slot = self._slots.get(node.turns)
+        if slot is None:
+            slot = self._slots[node.turns] = Slot()
+        if slot.owner is not None and slot.owner != node.hold:
+            return False
+        slot.owner = node.hold
+        node.slot = slot
+        return True
+
+    def join_turns(self, node: Node) -> None:
+        """Queue ``node`` for its lock's key behind the other tasks of this client."""
+        assert node.turns is not None
+        slot = self._slots[node.turns]
+        node.turn = asyncio.get_running_loop().create_future()
+        node.slot = slot
+        slot.queue.append((node.hold, node.turn))
+
+    async def wait_turn(self, node: Node, until: float | None) -> bool:
+        """Wait for ``node``'s turn, at most until the loop time ``until``; whether it came."""
+        turn = node.turn
+        assert turn is not None
+        if not turn.done():
+            timeout = None if until is None else max(0.0, until - asyncio.get_running_loop().time())
+            await asyncio.wait((turn,), timeout=timeout)  # (cancelling the caller leaves the turn as it is)
+            if not turn.done():
+                return False
+        node.turn = None
+        return True
+
+    def leave_turns(self, node: Node) -> None:
+        """``node`` stops waiting for its turn (a turn handed to it meanwhile goes on to the next)."""
+        turn, node.turn = node.turn, None
+        slot, node.slot = node.slot, None
+        if slot is None or turn is None:
+            return
+        with contextlib.suppress(ValueError):
+            slot.queue.remove((node.hold, turn))
+        if turn.done() or slot.owner == node.hold:
+            self._next_turn(node.turns, slot)
+
+    def pass_turn(self, node: Node) -> None:
+        """``node``'s key is gone: the next task's turn."""
+        slot, node.slot = node.slot, None
+        if slot is not None and slot.owner == node.hold:
+            self._next_turn(node.turns, slot)
+
+    def _next_turn(self, key: str | None, slot: Slot) -> None:
+        slot.owner = None
+        while slot.queue:
+            hold, turn = slot.queue.popleft()
+            if not turn.done():
+                slot.owner = hold
+                turn.set_result(None)
+                return
+        if key is not None and self._slots.get(key) is slot:
+            del self._slots[key]
+
+    def waiting_turns(self, key: str) -> int:
+        """Tasks of this client that wait for their turn at the lock ``key``."""
+        slot = self._slots.get(key)
+        return 0 if slot is None else len(slot.queue)
+
+    # -- advancing --------------------------------------------------------------------------
+
+    async def advance(self, node: Node, *, wait: bool, until: float | None) -> bool:
+        """Create ``node``'s key if it has none, and find out whether it holds; with ``wait``,
+        watch what blocks it until it holds or the loop time ``until`` passes. True: it holds.
+
+        A semaphore's node first takes its mutex, and lets it go once it holds.
+        """
+        mutex = node.mutex
+        if mutex is not None and not (mutex.held and mutex.alive):
+            mutex.held = False
+            if not await self._advance(mutex, wait=wait, until=until):
+                return False
+        holds = await self._advance(node, wait=wait, until=until)
+        if holds and mutex is not None:
+            node.mutex = None
+            await self.let_go(mutex)
+        return holds
+
+    async def _advance(self, node: Node, *, wait: bool, until: float | None) -> bool:
+        client = self._client
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.closed:
+                raise EtcdUnavailable(CLOSED)
+            window = self._session.window()
+            if not node.alive or node.revision == 0:
+                first = await self._create(node, window)
+                if first is True or (first is False and not wait):
+                    if first and not await self._grant(node, window):
+                        continue
+                    return first
+                if node.revision == 0:
+                    continue
+            contender = node.contender
+            assert contender is not None
+            check = await client.txn([], [Op.range(contender.key), contender.blocker(node.revision)], timeout=window)
+            mine = check.range(0).kvs
+            if not mine or mine[0].create_revision != node.revision:
+                node.revision = 0  # our key went (the lease ended, or someone deleted it): queue again
+                continue
+            holds, blocker = contender.decide(check.range(1))
+            if holds:
+                if await self._grant(node, window):
+                    return True
+                continue
+            if not wait or (until is not None and loop.time() >= until):
+                return False
+            assert blocker is not None
+            key, range_end = blocker
+            # A watch from now on: etcd reports its events at once. (One from a past
+            # revision would be served by etcd's catch-up pass, every 100 ms.)
+            watch = await client.watch(key, 0, window, range_end)
+            self._waits.add(watch)
+            try:
+                if not await self._covers(watch, check.header.revision, node, blocker, window):
+                    continue  # what blocks it changed meanwhile: look again
+                left = None if until is None else until - loop.time()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await watch.fired.wait()
+            finally:
+                self._waits.discard(watch)
+                if not watch.fired.is_set():
+                    client.unwatch(watch)
+            if watch.reason == "cancelled":
+                return False  # ``until`` passed
+
+    async def _covers(self, watch: Watch, seen: int, node: Node, blocker: tuple[bytes, bytes], window: float) -> bool:
+        """Whether ``watch`` will report the deletion ``node`` waits for.
+
+        The check that found ``blocker`` read etcd at revision ``seen``; the watch
+        reports what happens after the revision etcd confirmed it at. If something
+        was written in between, the blocker is read again: still blocking, its
+        deletion comes later, so the watch sees it; gone or changed, look again.
+        """
+        try:
+            async with asyncio.timeout(window):
+                await watch.confirmed.wait()
+        except TimeoutError:
+            raise EtcdUnavailable(f"etcd at {self._client.current} did not confirm a watch in time") from None
+        if watch.fired.is_set() or watch.revision <= seen:
+            return True
+        contender = node.contender
+        assert contender is not None
+        again = await self._client.range(contender.blocker(node.revision).body, window)
+        holds, blocking = contender.decide(again)
+        return not holds and blocking == blocker
+
+    async def _create(self, node: Node, window: float) -> bool | None:
+        """Put ``node``'s key under the current lease unless it exists; whether it holds
+        (the Mutex reads the first contender in the same transaction), or None: ask."""
+        loop = asyncio.get_running_loop()
+        lease = await self._session.ensure(loop.time() + window)
+        if node.lease is not lease or node.contender is None:
+            node.lease, node.revision, node.contender = lease, 0, node.make(lease.id)
+        contender = node.contender
+        sent = node.creating = self._client.send_txn(contender.create, timeout=window)
+        node.uncertain = True
+        try:
+            created = TxnResult.parse(await sent.answer())
+        except EtcdUnavailable:
+            node.creating = None  # no answer: it may still land (node.uncertain stays)
+            raise
+        except LockError as exc:
+            node.creating = None
+            node.uncertain = False  # refused: nothing was put
+            if isinstance(exc, EtcdError) and "lease not found" in exc.details:
+                self._session.gone(lease, "etcd no longer knows the lease", expired=True)
+                return None
+            raise
+        node.creating = None
+        node.uncertain = False
+        if created.succeeded:
+            node.revision = created.header.revision
+        else:
+            mine = created.range(0).kvs
+            if not mine:  # pragma: no cover - etcd answers a transaction at one revision
+                return None
+            node.revision = mine[0].create_revision
+        if not contender.reads_owner:
+            return None
+        owner = created.range(1).kvs
+        return not owner or owner[0].create_revision == node.revision
+
+    async def _grant(self, node: Node, window: float) -> bool:
+        """``node`` holds by its rule: held, if its lease's confirmation is young enough to
+        be trusted (confirmed again if need be); False: its lease is gone, queue again."""
+        lease = node.lease
+        if lease is not None and not lease.gone and not self._session.fresh_for(lease, node.ttl):
+            await self._session.keepalive(lease, window)
+        if lease is None or lease.gone:
+            node.revision = 0
+            return False
+        node.held = True
+        return True
+
+    def lease_gone(self) -> None:
+        """The lease went: every waiter reads again (and queues under the new one)."""
+        for watch in list(self._waits):
+            watch.fire("lost")
+
+    # -- deleting -------------------------------------------------------------------------
+
+    async def let_go(self, node: Node) -> None:
+        """Delete ``node``'s key in the caller's task if that is quick; else (a create not
+        answered yet, a failed request, a cancelled caller) in the background."""
+        node.held = False
+        if not node.has_key or self.closed:
+            self.pass_turn(node)
+            return
+        if node.creating is not None or node.uncertain:
+            self.finish_later(node)
+            return
+        assert node.contender is not None
+        try:
+            await self._client.delete(node.contender.key, self._session.window())
+        except BaseException as exc:
+            self.finish_later(node)
+            if not isinstance(exc, (LockError, OSError)):
+                raise
+            return
+        self.pass_turn(node)
+
+    def finish_later(self, node: Node) -> None:
+        """Keep deleting ``node``'s key in the background until done or its lease ends."""
+        if node.finisher is None or node.finisher.done():
+            node.finisher = self.spawn(self.cleanup(node))
+
+    async def cleanup(self, node: Node) -> None:
+        """Delete ``node``'s key until done or moot (its lease is gone), then pass its turn on."""
+        backoff = Backoff()
+        session = self._session
+        try:
+            sent = node.creating
+            if sent is not None:
+                # its answer (or its failure) first: then nothing can create the key behind us
+                await sent.wait(session.granted)
+                node.creating = None
+                try:
+                    await sent.answer()
+                    node.uncertain = False
+                except (LockError, OSError):
+                    node.uncertain = True
+            while not self.closed and node.contender is not None and node.alive:
+                try:
+                    await self._client.delete(node.contender.key, session.window())
+                    if not node.uncertain:
+                        return
+                    # a create that failed unanswered may still be applied late: sweep once more
+                    node.uncertain = False
+                    await asyncio.sleep(session.window())
+                    continue
+                except EtcdUnavailable:
+                    pass
+                except LockError as exc:
+                    logger.warning("could not delete the etcd key of %r: %s", node.name, exc)
+                    return
+                await asyncio.sleep(backoff.next())
+        finally:
+            self.pass_turn(node)
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def aclose(self) -> None:
+        """Stop: waiters see the client closed; clean-ups are moot (the lease is revoked)."""
+        self.closed = True
+        self.lease_gone()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self._session.window())

@@ -1,0 +1,299 @@
+"""The etcd v3 answers the lock reads, decoded from protobuf's wire format by hand.
+
+The requests and the wire format itself are described in :mod:`._wire`.
+Only the fields the lock uses are kept; unknown fields are skipped, so a
+newer etcd that adds fields is still understood.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ._wire import LEN, VARINT
+
+__all__ = [
+    "DELETE",
+    "Event",
+    "Header",
+    "KeyValue",
+    "LeaseResult",
+    "RangeResult",
+    "TxnResult",
+    "WatchResult",
+    "parse_delete",
+    "parse_token",
+]
+
+
+def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if offset >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[offset]
+        offset += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, offset
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value & (1 << 63) else value
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """(field number, value) for each field: an int for varints, bytes for length-delimited.
+
+    (One-byte tags and values, the common case, are read inline: this runs on every answer.)
+    """
+    offset = 0
+    end = len(data)
+    while offset < end:
+        tag = data[offset]
+        if tag < 0x80:
+            offset += 1
+        else:
+            tag, offset = _read_varint(data, offset)
+        number, kind = tag >> 3, tag & 7
+        if kind == VARINT:
+            if offset < end and data[offset] < 0x80:
+                value = data[offset]
+                offset += 1
+            else:
+                value, offset = _read_varint(data, offset)
+            yield number, value
+        elif kind == LEN:
+            if offset < end and data[offset] < 0x80:
+                size = data[offset]
+                offset += 1
+            else:
+                size, offset = _read_varint(data, offset)
+            if offset + size > end:
+                raise ValueError("truncated field")
+            yield number, data[offset : offset + size]
+            offset += size
+        elif kind == 1:  # 64-bit: none in these messages; skip
+            offset += 8
+        elif kind == 5:  # 32-bit
+            offset += 4
+        else:
+            raise ValueError(f"unsupported wire type {kind}")
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """``ResponseHeader``: which member answered, at which revision and raft term."""
+
+    cluster_id: int = 0
+    member_id: int = 0
+    revision: int = 0
+    raft_term: int = 0
+
+    @classmethod
+    def parse(cls, data: bytes) -> Header:
+        values = [0, 0, 0, 0]
+        for number, value in _fields(data):
+            if 1 <= number <= 4 and isinstance(value, int):
+                values[number - 1] = value
+        return cls(values[0], values[1], _signed(values[2]), values[3])
+
+
+_NO_HEADER = Header()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    """``mvccpb.KeyValue`` (its value is not used by the lock, and not kept)."""
+
+    key: bytes
+    create_revision: int = 0
+    mod_revision: int = 0
+    version: int = 0
+    lease: int = 0
+
+    @classmethod
+    def parse(cls, data: bytes) -> KeyValue:
+        key = b""
+        ints = [0, 0, 0, 0]
+        for number, value in _fields(data):
+            if number == 1 and isinstance(value, bytes):
+                key = value
+            elif isinstance(value, int) and number in (2, 3, 4, 6):
+                ints[(2, 3, 4, 6).index(number)] = _signed(value)
+        return cls(key, ints[0], ints[1], ints[2], ints[3])
+
+
+@dataclass(frozen=True, slots=True)
+class RangeResult:
+    """``RangeResponse`` (header 1, kvs 2, more 3, count 4)."""
+
+    header: Header
+    kvs: list[KeyValue] = field(default_factory=list)
+    count: int = 0
+
+    @classmethod
+    def parse(cls, data: bytes, *, header_too: bool = True) -> RangeResult:
+        """(Inside a transaction its header is not read: the transaction's own is the one that counts.)"""
+        header = _NO_HEADER
+        kvs: list[KeyValue] = []
+        count = 0
+        for number, value in _fields(data):
+            if number == 1 and isinstance(value, bytes):
+                if header_too:
+                    header = Header.parse(value)
+            elif number == 2 and isinstance(value, bytes):
+                kvs.append(KeyValue.parse(value))
+            elif number == 4 and isinstance(value, int):
+                count = _signed(value)
+        return cls(header, kvs, count)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """``TxnResponse`` (header 1, succeeded 2, responses 3). Each response is
+    (kind, result): kind 1 a range (a RangeResult), 2 a put, 3 a delete (the
+    number of keys deleted, as a RangeResult's ``count``)."""
+
+    header: Header
+    succeeded: bool
+    responses: list[tuple[int, RangeResult]]
+
+    @classmethod
+    def parse(cls, data: bytes) -> TxnResult:
+        header = _NO_HEADER
+        succeeded = False
+        responses: list[tuple[int, RangeResult]] = []
+        for number, value in _fields(data):
+            if number == 1 and isinstance(value, bytes):
+                header = Header.parse(value)
+            elif number == 2 and isinstance(value, int):
+                succeeded = bool(value)
+            elif number == 3 and isinstance(value, bytes):
+                for kind, body in _fields(value):
+                    if not isinstance(body, bytes):
+                        continue
+                    if kind == 1:
+                        responses.append((1, RangeResult.parse(body, header_too=False)))
+                    elif kind == 3:
+                        responses.append((3, parse_delete(body)))
+                    else:
+                        responses.append((kind, RangeResult(_NO_HEADER)))
+        return cls(header, succeeded, responses)
+
+    def range(self, index: int) -> RangeResult:
+        """The result of the range op at ``index`` of the branch that ran."""
+        kind, result = self.responses[index]
+        if kind != 1:
+            raise ValueError(f"response {index} of the transaction is no range")
+        return result
+
+
+def parse_delete(data: bytes) -> RangeResult:
+    """``DeleteRangeResponse`` (header 1, deleted 2) as a RangeResult whose count is ``deleted``
+    (its header is not read: nothing uses it)."""
+    deleted = 0
+    for number, value in _fields(data):
+        if number == 2 and isinstance(value, int):
+            deleted = _signed(value)
+    return RangeResult(_NO_HEADER, [], deleted)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult:
+    """``LeaseGrantResponse`` / ``LeaseKeepAliveResponse`` / ``LeaseTimeToLiveResponse``
+    (header 1, ID 2, TTL 3; a grant's error 4). A TTL of 0 or less: no such lease."""
+
+    header: Header
+    lease_id: int
+    ttl: int
+    error: str = ""
+
+    @classmethod
+    def parse(cls, data: bytes) -> LeaseResult:
+        header = _NO_HEADER
+        lease_id = ttl = 0
+        error = ""
+        for number, value in _fields(data):
+            if number == 1 and isinstance(value, bytes):
+                header = Header.parse(value)
+            elif number == 2 and isinstance(value, int):
+                lease_id = _signed(value)
+            elif number == 3 and isinstance(value, int):
+                ttl = _signed(value)
+            elif number == 4 and isinstance(value, bytes):
+                error = value.decode(errors="replace")
+        return cls(header, lease_id, ttl, error)
+
+
+PUT, DELETE = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """``mvccpb.Event`` (type 1: 0 put, 1 delete; kv 2)."""
+
+    type: int
+    kv: KeyValue
+
+    @classmethod
+    def parse(cls, data: bytes) -> Event:
+        kind = PUT
+        kv = KeyValue(b"")
+        for number, value in _fields(data):
+            if number == 1 and isinstance(value, int):
+                kind = value
+            elif number == 2 and isinstance(value, bytes):
+                kv = KeyValue.parse(value)
+        return cls(kind, kv)
+
+
+@dataclass(frozen=True, slots=True)
+class WatchResult:
+    """``WatchResponse`` (header 1, watch_id 2, created 3, canceled 4,
+    compact_revision 5, cancel_reason 6, events 11)."""
+
+    header: Header
+    watch_id: int
+    created: bool
+    canceled: bool
+    compact_revision: int
+    cancel_reason: str
+    events: list[Event]
+
+    @classmethod
+    def parse(cls, data: bytes) -> WatchResult:
+        header = _NO_HEADER
+        watch_id = compact = 0
+        created = canceled = False
+        reason = ""
+        events: list[Event] = []
+        for number, value in _fields(data):
+            if isinstance(value, bytes):
+                if number == 1:
+                    header = Header.parse(value)
+                elif number == 6:
+                    reason = value.decode(errors="replace")
+                elif number == 11:
+                    events.append(Event.parse(value))
+            elif number == 2:
+                watch_id = _signed(value)
+            elif number == 3:
+                created = bool(value)
+            elif number == 4:
+                canceled = bool(value)
+            elif number == 5:
+                compact = _signed(value)
+        return cls(header, watch_id, created, canceled, compact, reason, events)
+
+
+def parse_token(data: bytes) -> str:
+    """The token of an ``AuthenticateResponse`` (header 1, token 2)."""
+    for number, value in _fields(data):
+        if number == 2 and isinstance(value, bytes):
+            return value.decode()
+    return ""

@@ -1,0 +1,142 @@
+"""asyncpg's errors translated into asynclock's, in one place (the backend's edge).
+
+What the server refuses for good (a password, a role or database that does
+not exist, permission denied on the fence table or its schema, an unknown
+server setting, a TLS certificate) becomes ConfigurationError, quoting the
+server; a server that cannot be reached, BackendUnavailable naming the
+address and why; any other server error, LockError. No message names a
+password, and the original error is kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import ssl
+from collections.abc import Sequence
+from types import TracebackType
+
+import asyncpg
+
+from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._options import mask_text
+
+__all__ = ["CLIENT_ERRORS", "MapErrors"]
+
+#: Everything asyncpg (and the socket under it) raises.
+CLIENT_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+#: Server errors that no retry fixes: the server refused this client's configuration.
+_REFUSED: tuple[type[BaseException], ...] = (
+    asyncpg.InvalidAuthorizationSpecificationError,  # 28000: no such role, pg_hba.conf; 28P01: password
+    asyncpg.InvalidCatalogNameError,  # 3D000: no such database
+    asyncpg.InsufficientPrivilegeError,  # 42501: permission denied (the fence table, its schema)
+    asyncpg.InvalidSchemaNameError,  # 3F000: table= names a schema that does not exist
+    asyncpg.UndefinedObjectError,  # 42704: e.g. an unknown server setting in the URL
+    asyncpg.CantChangeRuntimeParamError,  # 55P02: a server setting that cannot be set per session
+    asyncpg.InvalidParameterValueError,  # 22023: a bad value for a server setting
+)
+
+#: Errors that say the server or the connection to it is gone or not there yet.
+_UNREACHABLE: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    OSError,
+    TimeoutError,
+)
+
+
+def _cause(exc: BaseException) -> str:
+    """Why a request or a connection attempt failed, in a few words."""
+    if isinstance(exc, socket.gaierror):
+        return "name not resolved"
+    if isinstance(exc, ConnectionRefusedError) or (
+        # (asyncio's "Multiple exceptions" of a name with several addresses)
+        isinstance(exc, OSError) and exc.errno is None and f"[Errno {errno.ECONNREFUSED}]" in str(exc)
+    ):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _hint(exc: BaseException, table: str) -> str:
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return (
+            f" (this role needs SELECT, INSERT and UPDATE on the fence table {table}, and CREATE on its"
+            " schema while the table does not exist; table= chooses another)"
+        )
+    return ""
+
+
+class MapErrors:
+    """A context manager (plain or async) that translates client errors raised inside it.
+
+    One instance per backend, entered around every request: a plain class
+    rather than a generator-based context manager, since it sits on the hot
+    path. Messages name the server's address and never a password.
+    """
+
+    __slots__ = ("address", "secrets", "table")
+
+    def __init__(self, address: str = "?", secrets: Sequence[str] = (), table: str = "") -> None:
+        self.address = address
+        self.secrets = tuple(secrets)
+        self.table = table
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """``exc`` as asynclock raises it (the caller keeps the original as ``__cause__``)."""
+        if isinstance(exc, LockError):
+            return exc
+        where = f"PostgreSQL at {self.address}"
+        if isinstance(exc, _REFUSED):
+            return ConfigurationError(self.mask(f"{where} refused: {exc}{_hint(exc, self.table)}"))
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return ConfigurationError(self.mask(f"{where}: TLS certificate refused: {exc.verify_message or exc}"))
+        if isinstance(exc, asyncpg.ClientConfigurationError):
+            return ConfigurationError(self.mask(f"bad connection settings for {where}: {exc}"))
+        if isinstance(exc, _UNREACHABLE):
+            return BackendUnavailable(self.mask(f"{where}: {_cause(exc)}"))
+        if isinstance(exc, asyncpg.PostgresError):
+            return LockError(self.mask(f"{where}: {exc!r}"))
+        return exc
+
+    def unavailable(self, what: str) -> BackendUnavailable:
+        """A BackendUnavailable that says where, and ``what`` happened."""
+        return BackendUnavailable(f"PostgreSQL at {self.address}: {what}")
+
+    def mask(self, text: str) -> str:
+        return mask_text(text, self.secrets)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None or not isinstance(exc, CLIENT_ERRORS):
+            return
+        translated = self.translate(exc)
+        if translated is not exc:
+            raise translated from exc
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)

@@ -1,0 +1,164 @@
+"""The holds of one client, and their lease: the session.
+
+The trusted deadline is the send time of the last request of the session the
+server answered, plus the negotiated session timeout, minus a margin: the
+server cannot expire the session before then. While this client holds a
+lock, the lease watchdog's renewals (one pipelined ``exists`` per held node,
+one round trip) are the session's only heartbeat, so a client whose watchdog
+stalls lets its session, and its locks, go, as a Redis key would expire.
+
+The holder's own node is watched from its first renewal on (the watch rides
+on that renewal's ``exists``, so a free lock costs a create, with the
+children read pipelined behind it, and a delete): deleting it (an
+administrator, or the session expiring) loses the lease at once; before that
+first renewal, a deletion is found by the renewal itself. Watches belong to
+a connection, so they are set again after every reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from ..._values import LossReason
+from ...abc import BackendHooks, RenewItem
+from ._recipe import Node, Recipe
+from ._session import WatchCallback
+from ._wire import NO_NODE, ZkConnectionLoss, ZkError, exists_request, get_data_request
+
+__all__ = ["Holds"]
+
+
+class Holds:
+    """Every hold of this client by hold id (a queued one too), on one session."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self._recipe = recipe
+        self._session = recipe.session
+        self._nodes: dict[str, Node] = {}
+        self.hooks: BackendHooks | None = None
+
+    def get(self, hold: str) -> Node | None:
+        return self._nodes.get(hold)
+
+    def add(self, node: Node) -> None:
+        self._nodes[node.hold] = node
+
+    def forget(self, node: Node) -> None:
+        if self._nodes.get(node.hold) is node:
+            del self._nodes[node.hold]
+
+    def held_paths(self) -> dict[str, Node]:
+        """Our held nodes by path."""
+        return {node.path: node for node in self._nodes.values() if node.held and node.path is not None}
+
+    def keepalive(self) -> bool:
+        """Whether the session should ping by itself: not while we hold (the renewals are the heartbeat)."""
+        return not any(node.held and not node.releasing and not node.gone for node in self._nodes.values())
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
+        """One pipelined ``exists`` per held node, sent now: True if it is still ours."""
+        session = self._session
+        await session.wait_connected(None)  # the watchdog bounds this call
+        sid = session.session_id
+        futures: list[asyncio.Future[Any] | None] = []
+        for item in items:
+            node = self._nodes.get(item.hold)
+            if node is None or not self._recipe.alive(node) or node.path is None:
+                futures.append(None)
+            elif node.held and not node.releasing and node.armed != session.connection_seq:
+                # the first renewal on a connection also sets the deletion watch
+                node.armed = session.connection_seq
+                futures.append(
+                    session.submit(
+                        exists_request(node.path, watch=True),
+                        node.path,
+                        watch=("data", self._held_watch(node)),
+                    )
+                )
+            else:
+                futures.append(session.submit(exists_request(node.path), node.path))
+        if all(future is None for future in futures):
+            await session.ping()  # still one round trip, so nothing is answered from stale state
+        results: list[bool | BaseException] = []
+        for future in futures:
+            if future is None:
+                results.append(False)
+                continue
+            try:
+                reply = await future
+            except ZkError as exc:
+                results.append(False if exc.code == NO_NODE else exc)
+            except ZkConnectionLoss as exc:
+                results.append(exc)
+            else:
+                results.append(int(reply.stat.ephemeral_owner) == sid and session.session_id == sid)
+        return results
+
+    # -- the deletion watch of a held node -------------------------------------------
+
+    def _arm(self, node: Node) -> None:
+        """Watch a held node: its deletion loses the lease at once."""
+        if node.path is None or node.armed == self._session.connection_seq:
+            return
+        node.armed = self._session.connection_seq
+        self._recipe.spawn(self._watch_held(node))
+
+    def _held_watch(self, node: Node) -> WatchCallback:
+        """The callback of a held node's deletion watch."""
+
+        def fired(what: str) -> None:
+            node.armed = -1
+            if what != "disconnected" and not self._recipe.closed:
+                self._arm(node)  # read it again: deleted, or just changed?
+
+        return fired
+
+    async def _watch_held(self, node: Node) -> None:
+        if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.path is None:
+            return
+        try:
+            await self._session.call(
+                get_data_request(node.path, watch=True), node.path, watch=("data", self._held_watch(node))
+            )
+        except ZkConnectionLoss:
+            node.armed = -1  # armed again after the reconnect
+        except ZkError as exc:
+            if exc.code == NO_NODE:
+                self._node_gone(node, "the lock node was deleted (removed on the server, or the session ended)")
+
+    def _node_gone(self, node: Node, reason: str) -> None:
+        if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.gone:
+            return
+        node.gone = True
+        if self.hooks is not None:
+            self.hooks.lose([node.hold], reason, LossReason.TAKEN_OR_EXPIRED)
+
+    # -- the session's news ----------------------------------------------------------
+
+    def on_disconnected(self, reason: str) -> None:
+        """The connection was lost: the holds are at risk until the session is confirmed alive again."""
+        held = [node.hold for node in self._nodes.values() if node.held and not node.releasing and not node.gone]
+        if held and self.hooks is not None:
+            self.hooks.at_risk(held, f"the ZooKeeper connection was lost ({reason}); the session may still live")
+
+    def on_connected(self) -> None:
+        """A (re)connection: watch the held nodes again."""
+        if self._recipe.closed:
+            return
+        sid = self._session.session_id
+        for node in list(self._nodes.values()):
+            if node.held and not node.gone and node.session == sid:
+                self._arm(node)
+
+    def on_expired(self, old_session: int) -> None:
+        """The session expired, and every node it made: its holds are lost now."""
+        lost = []
+        for node in self._nodes.values():
+            if node.session == old_session and not node.gone:
+                node.gone = True
+                if node.held and not node.releasing:
+                    lost.append(node.hold)
+        if lost and self.hooks is not None:
+            self.hooks.lose(lost, "the ZooKeeper session expired")

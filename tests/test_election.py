@@ -1,0 +1,340 @@
+"""Leader election in the front, on memory:// (the ZooKeeper specifics are in
+``test_election_zookeeper.py``, the model of ``observe()`` in ``test_model_election.py``).
+
+Candidates wait in line and lead one at a time with increasing tokens; a
+resign ends the body quietly and hands leadership on at once (not after a
+ttl); a loss cancels the body with LockLost; cancelled and abandoned
+candidates leave nothing behind; ``leader()`` and ``observe()`` need no
+candidacy; backends without elections refuse before any I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+import asynclock
+import asynclock.testing
+from asynclock import LockLost, LockTimeout, NotHeld
+from asynclock._inspect import collect
+from asynclock.backends import memory
+from tests.harness import MemoryHarness
+from tests.servers import scaled
+
+pytestmark = pytest.mark.anyio
+
+TTL = scaled(0.5)
+#: a bound far below a long ttl: what passes within it did not wait for an expiry
+PROMPT = scaled(0.5)
+
+
+@pytest.fixture
+async def mem() -> AsyncIterator[MemoryHarness]:
+    harness = MemoryHarness()
+    async with harness:
+        yield harness
+    assert not queued(harness.prefix), "a candidate was left in the line"
+
+
+def queued(prefix: str) -> list[str]:
+    """Keys of ``prefix`` in memory://'s queue table that still have holders or waiters."""
+    with memory._QUEUES._mutex:
+        return [key for key, res in memory._QUEUES._resources.items() if key.startswith(prefix + ":")]
+
+
+class Candidate:
+    """A task that becomes a candidate and records its term; resigns when told, or leaves the block."""
+
+    def __init__(self, election: asynclock.Election, *, resign: bool = True) -> None:
+        self.election = election
+        self.led = asyncio.Event()
+        self.go = asyncio.Event()
+        self.term: asynclock.Term | None = None
+        self.after_resign = False
+        self.resign = resign
+        self.ended: BaseException | None = None
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            async with self.election.leadership() as term:
+                self.term = term
+                self.led.set()
+                await self.go.wait()
+                if self.resign:
+                    await self.election.resign()
+                    self.after_resign = True  # never runs: resign() ends the body
+        except BaseException as exc:
+            self.ended = exc
+            raise
+
+    async def leads(self, within: float = scaled(5)) -> asynclock.Term:
+        async with asyncio.timeout(within):
+            await self.led.wait()
+        assert self.term is not None
+        return self.term
+
+
+async def test_candidates_lead_one_at_a_time_in_the_order_they_asked(mem: MemoryHarness) -> None:
+    clients = [mem.connect(ttl=scaled(10)) for _ in range(3)]
+    first = Candidate(clients[0].election("sched", identity="c0"))
+    term0 = await first.leads()
+    others = []
+    for i in (1, 2):
+        others.append(Candidate(clients[i].election("sched", identity=f"c{i}")))
+        await asyncio.sleep(0.02)  # (each asks after the one before)
+    assert (await clients[0].election("sched").info()).waiters == 2
+    assert not any(c.led.is_set() for c in others)
+    first.go.set()
+    term1 = await others[0].leads()
+    assert not others[1].led.is_set()
+    others[0].go.set()
+    term2 = await others[1].leads()
+    others[1].go.set()
+    await asyncio.gather(first.task, *(c.task for c in others))
+    assert [t.identity for t in (term0, term1, term2)] == ["c0", "c1", "c2"]
+    assert term0.token is not None and term1.token is not None and term2.token is not None
+    assert term0.token < term1.token < term2.token, "each term's token is larger"
+    assert not any(c.after_resign for c in (first, *others)), "resign() ended each body where it was called"
+    assert all(c.ended is None for c in (first, *others)), "after a resign the async with ends without an exception"
+
+
+async def test_a_resign_hands_leadership_over_at_once_not_after_a_ttl(mem: MemoryHarness) -> None:
+    """With a 30 s ttl, the next candidate must lead within one hand-over of the resign."""
+    a, b = mem.connect(ttl=30), mem.connect(ttl=30)
+    leader = Candidate(a.election("e", identity="a"))
+    await leader.leads()
+    waiting = Candidate(b.election("e", identity="b"))
+    await asyncio.sleep(0.02)
+    loop = asyncio.get_running_loop()
+    resigned = loop.time()
+    leader.go.set()
+    await waiting.leads(within=PROMPT)
+    assert loop.time() - resigned < PROMPT
+    waiting.go.set()
+    await asyncio.gather(leader.task, waiting.task)
+
+
+async def test_a_body_unwinds_while_it_still_leads_after_resigning_inside(mem: MemoryHarness) -> None:
+    """resign() inside the body ends it there; its finally blocks still run as the leader,
+    and leadership passes when the async with is left."""
+    a, b = mem.connect(ttl=scaled(10)), mem.connect(ttl=scaled(10))
+    election = a.election("e", identity="a")
+    seen_in_finally: list[str | None] = []
+    async with election.leadership():
+        waiting = Candidate(b.election("e", identity="b"))
+        await asyncio.sleep(0.02)
+        try:
+            await election.resign()
+        finally:
+            leader = await b.election("e").leader()
+            seen_in_finally.append(None if leader is None else leader.identity)
+            await asyncio.sleep(0.02)
+            assert not waiting.led.is_set()
+    assert seen_in_finally == ["a"]
+    await waiting.leads(within=PROMPT)
+    waiting.go.set()
+    await waiting.task
+
+
+async def test_resign_from_another_task_cancels_the_body_and_ends_the_block_quietly(mem: MemoryHarness) -> None:
+    locks = mem.connect(ttl=TTL)
+    election = locks.election("e", identity="x")
+    reached: list[str] = []
+    entered = asyncio.Event()
+
+    async def lead() -> str:
+        async with election.leadership():
+            entered.set()
+            try:
+                await asyncio.sleep(scaled(30))
+            finally:
+                reached.append("cancelled")
+        return "block ended"
+
+    task = asyncio.create_task(lead())
+    await entered.wait()
+    assert election.leading is False  # (this task does not lead)
+    await election.resign()
+    assert await asyncio.wait_for(task, scaled(5)) == "block ended"
+    assert reached == ["cancelled"]
+    assert await election.leader() is None
+    with pytest.raises(NotHeld):
+        await election.resign()
+
+
+async def test_resign_without_leading_is_not_held(mem: MemoryHarness) -> None:
+    locks = mem.connect(ttl=TTL)
+    with pytest.raises(NotHeld):
+        await locks.election("e").resign()
+
+
+async def test_a_lost_term_cancels_the_body_and_raises_lock_lost(mem: MemoryHarness) -> None:
+    locks = mem.connect(ttl=TTL)
+    chaos = asynclock.testing.faults(locks)
+    election = locks.election("e", identity="x")
+    with pytest.raises(LockLost) as lost:
+        async with election.leadership() as term:
+            assert election.leading
+            chaos.lose("e")
+            await asyncio.sleep(scaled(30))
+    assert lost.value.loss is asynclock.LossReason.TAKEN_OR_EXPIRED
+    assert term.lost and not election.leading
+
+
+async def test_a_stalled_leader_loses_and_the_next_candidate_leads_after_the_ttl(mem: MemoryHarness) -> None:
+    stalled, other = mem.connect(ttl=TTL), mem.connect(ttl=TTL)
+    asynclock.testing.faults(stalled).stall_renewals()
+    leader = Candidate(stalled.election("e", identity="stalled"), resign=False)
+    await leader.leads()
+    successor = Candidate(other.election("e", identity="next"))
+    term = await successor.leads(within=scaled(5) + 2 * TTL)
+    with pytest.raises(LockLost):
+        await leader.task
+    assert term.identity == "next"
+    successor.go.set()
+    await successor.task
+
+
+async def test_a_waiting_candidate_that_is_cancelled_or_times_out_leaves_the_line(mem: MemoryHarness) -> None:
+    a, b = mem.connect(ttl=TTL), mem.connect(ttl=TTL)
+    leader = Candidate(a.election("e", identity="a"))
+    await leader.leads()
+    with pytest.raises(LockTimeout):
+        async with b.election("e").leadership(timeout=0.05):
+            pass
+    waiting = Candidate(b.election("e", identity="b"))
+    await asyncio.sleep(0.02)
+    assert (await a.election("e").info()).waiters == 1
+    waiting.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting.task
+    assert (await a.election("e").info()).waiters == 0
+    leader.go.set()
+    await leader.task
+    assert await a.election("e").leader() is None
+
+
+async def test_an_abandoned_term_gives_leadership_up_at_once(
+    mem: MemoryHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task that entered leadership and ended without leaving it abandons the term:
+    released at once (not after the ttl), and the next candidate leads."""
+    a, b = mem.connect(ttl=30), mem.connect(ttl=30)
+    election = a.election("e", identity="gone")
+
+    async def enter_and_vanish() -> None:
+        await election.leadership().__aenter__()
+
+    await asyncio.create_task(enter_and_vanish())
+    waiting = Candidate(b.election("e", identity="b"))
+    term = await waiting.leads(within=PROMPT)
+    assert term.identity == "b"
+    assert "abandoned" in caplog.text
+    waiting.go.set()
+    await waiting.task
+
+
+async def test_leader_and_observe_need_no_candidacy(mem: MemoryHarness) -> None:
+    a, watcher = mem.connect(ttl=TTL), mem.connect(ttl=TTL)
+    election = watcher.election("e")
+    assert await election.leader() is None
+    changes = election.observe()
+    assert await anext(changes) is None
+    leader = Candidate(a.election("e", identity="a"))
+    term = await leader.leads()
+    seen = await asyncio.wait_for(anext(changes), scaled(5))
+    assert seen == await election.leader()
+    assert seen is not None and (seen.identity, seen.token) == ("a", term.token)
+    assert seen.since is not None and abs(seen.since - term.since) < 1.0
+    leader.go.set()
+    assert await asyncio.wait_for(anext(changes), scaled(5)) is None
+    await leader.task
+    await changes.aclose()  # type: ignore[attr-defined]
+
+
+async def test_observe_sees_a_leader_lost_without_resigning(mem: MemoryHarness) -> None:
+    """A leader whose renewals stop is seen gone once its hold expires, with no resign and no other candidate."""
+    a, watcher = mem.connect(ttl=TTL), mem.connect(ttl=TTL)
+    asynclock.testing.faults(a).stall_renewals()
+    changes = watcher.election("e").observe()
+    assert await anext(changes) is None
+    leader = Candidate(a.election("e", identity="a"), resign=False)
+    await leader.leads()
+    assert (await asyncio.wait_for(anext(changes), scaled(5))).identity == "a"  # type: ignore[union-attr]
+    assert await asyncio.wait_for(anext(changes), scaled(5) + 2 * TTL) is None
+    with pytest.raises(LockLost):
+        await leader.task
+
+
+async def test_observe_ends_when_the_client_is_closed(mem: MemoryHarness) -> None:
+    watcher = mem.connect(ttl=TTL)
+    seen: list[asynclock.Leader | None] = []
+
+    async def follow() -> str:
+        async for leader in watcher.election("e").observe():
+            seen.append(leader)
+        return "ended"
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.05)
+    await watcher.aclose()
+    assert await asyncio.wait_for(task, scaled(5)) == "ended"
+    assert seen == [None]
+
+
+async def test_the_same_task_entering_again_re_enters_its_term(mem: MemoryHarness) -> None:
+    locks = mem.connect(ttl=TTL)
+    election = locks.election("e", identity="x")
+    async with election.leadership() as outer:
+        async with election.leadership() as inner:
+            assert inner is outer
+        assert election.leading and not outer.lost
+    assert not election.leading
+    assert await election.leader() is None
+
+
+async def test_identity_defaults_to_host_pid_task_and_is_checked(mem: MemoryHarness) -> None:
+    locks = mem.connect(ttl=TTL)
+
+    async def lead() -> str:
+        async with locks.election("e").leadership() as term:
+            return term.identity
+
+    task = asyncio.create_task(lead(), name="scheduler-loop")
+    assert await task == f"{socket.gethostname()}:{os.getpid()}:scheduler-loop"
+    with pytest.raises(ValueError, match="empty"):
+        locks.election("e", identity="")
+    with pytest.raises(TypeError):
+        locks.election("e", identity=7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="1024"):
+        locks.election("e", identity="x" * 1025)
+
+
+async def test_an_election_is_not_the_lock_of_the_same_name(mem: MemoryHarness) -> None:
+    locks = mem.connect(ttl=TTL)
+    async with locks.election("shared", identity="x").leadership(), locks.lock("shared"):
+        pass
+
+
+async def test_inspect_shows_the_leaders_identity(mem: MemoryHarness) -> None:
+    locks = mem.connect(ttl=TTL)
+    async with locks.election("e", identity="replica-7").leadership() as term:
+        (info,) = await collect(f"memory://?prefix={mem.prefix}", ["e"], kind="election")
+    assert (info.owner, info.token, info.holders) == ("replica-7", term.token, ("replica-7",))
+    assert info.key.endswith("e#election")
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "postgresql://me@127.0.0.1:1/db"])
+async def test_a_backend_without_elections_refuses_before_any_io(url: str) -> None:
+    """Port 1 answers nothing: a refusal there can only come from the front, before any I/O."""
+    locks = asynclock.connect(url)
+    try:
+        with pytest.raises(NotImplementedError, match=f"the {locks.backend.kind} backend does not provide leader"):
+            locks.election("e")
+    finally:
+        await locks.aclose()
