@@ -269,7 +269,7 @@ async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float 
             locks._wait_ended(task)
             now = loop.time()
             failing_since = now if failing_since is None else failing_since
-            final = isinstance(exc, ConfigurationError) or not getattr(exc, "retryable", True)
+            final = isinstance(exc, ConfigurationError) or (isinstance(exc, BackendUnavailable) and not exc.retryable)
             gone = now - failing_since >= _patience(exc, lease._lease_time)
             if final or gone or (deadline is not None and now >= deadline):
                 # No retry can fix it, or the server stays away (past a lease time of

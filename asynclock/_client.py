@@ -12,12 +12,11 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ._errors import NotHeld
 from ._keeper import LeaseKeeper
 from ._lease import Lease
-from ._legacy import LegacyAdapter, LegacyBackend
 from ._owner import current_owner
 from ._release import release_by_identity
 from ._timing import REQUEST_WINDOW, Deadlines
@@ -61,15 +60,12 @@ class Locks:
 
     def __init__(
         self,
-        backend: Backend | LegacyBackend,
+        backend: Backend,
         *,
         ttl: float = 30.0,
         on_event: EventCallback | None = None,
     ) -> None:
-        if hasattr(backend, "primitive"):  # a backend of the adapter-per-primitive protocol
-            self._backend: Backend = LegacyAdapter(cast("LegacyBackend", backend))
-        else:
-            self._backend = backend
+        self._backend = backend
         self._notifies = isinstance(backend, Notifies)
         self._ttl = check_ttl(ttl)
         self._on_event = on_event

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ._client import EventCallback, Locks
-from ._legacy import LegacyBackend
 from ._options import DEFAULT_CONNECT_TIMEOUT, seconds, take_query
 from ._validate import check_ttl
 from .abc import Backend
@@ -79,7 +78,7 @@ def _from_url(
     options: dict[str, Any],
     ttl: float | None = None,
     connect_timeout: float | None = None,
-) -> tuple[Backend | LegacyBackend, dict[str, Any]]:
+) -> tuple[Backend, dict[str, Any]]:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     rest, own = take_query(url, _OWN_OPTIONS)
     url_opts: dict[str, Any] = {}
@@ -138,9 +137,7 @@ def _from_url(
     raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
 
 
-def _from_client(
-    client: Any, prefix: str | None, options: dict[str, Any], connect_timeout: float
-) -> Backend | LegacyBackend:
+def _from_client(client: Any, prefix: str | None, options: dict[str, Any], connect_timeout: float) -> Backend:
     chosen_prefix = _check_prefix(prefix if prefix is not None else "asynclock")
     if type(client).__module__.startswith("asyncpg"):
         import asyncpg

@@ -100,6 +100,9 @@ class BackendUnavailable(LockError, ConnectionError):
     #: name not resolved, connect timed out): its ``connect_timeout``, after
     #: which a caller that keeps retrying gives up instead of after a ttl.
     connect_timeout: float | None = None
+    #: False when the backend already retried for as long as retrying can help
+    #: (a wait whose server stayed silent): the caller gives up at once.
+    retryable: bool = True
 
 
 class ConfigurationError(LockError):

@@ -139,7 +139,7 @@ class Requests:
         except Exception as exc:
             if conn in connections.silenced:
                 error = self.errors.unavailable("stopped answering while the lock was awaited")
-                error.retryable = False  # type: ignore[attr-defined]
+                error.retryable = False
                 raise error from exc
             if until is not None and is_closed(conn) and loop.time() >= until + grace:
                 raise self.errors.unavailable("no answer within the acquire timeout") from exc
