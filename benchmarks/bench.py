@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import report
-from .servers import Servers, server_counter, started
+from .servers import PG_WORK_SQL, Servers, process_tree_cpu, server_counter, started
 from .subjects import BY_KEY, PEERS, SUBJECTS, Subject, async_client, thread_client
 from .workload import (
     Counter,
@@ -202,6 +202,8 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
     samples: dict[str, list[float]] = collections.defaultdict(list)
     commands: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     trips: dict[str, int] = collections.defaultdict(int)
+    pg_work: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    pg_admin = await _pg_admin(servers) if any(BY_KEY[key].backend == "postgres" for key in opened) else None
     per_round = max(1, plan.iterations // plan.rounds)
     for _ in range(plan.rounds):
         for key, (_client, handle) in opened.items():
@@ -210,15 +212,20 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
             await _loop(handle, plan.warmup, threads)
             counter = server_counter(servers, subject.backend)
             before = counter[0]() if counter else None
+            work = await _pg_snapshot(pg_admin, servers) if subject.backend == "postgres" else None
             trips_before = _round_trips(_client)
             samples[key] += await _loop(handle, per_round, threads)
             trips[key] += _round_trips(_client) - trips_before
+            if work is not None:
+                pg_work[key].update(_pg_delta(work, await _pg_snapshot(pg_admin, servers)))
             if counter:
                 after = counter[1]()
                 if isinstance(after, dict):
                     commands[key].update(after)
                 else:
                     commands[key]["requests"] += after - before
+    if pg_admin is not None:
+        await pg_admin.close()
     for key, (client, _) in opened.items():
         try:
             if BY_KEY[key].threads:
@@ -244,6 +251,12 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
             row["requests_per_acq"] = commands[key]["requests"] / count
         elif subject.backend in ("postgres", "etcd"):
             row["round_trips_per_acq"] = trips[key] / count
+        if subject.backend == "postgres":
+            work = pg_work[key]
+            row["xids_per_acq"] = work["xids"] / count
+            row["wal_bytes_per_acq"] = work["wal_bytes"] / count
+            row["server_cpu_us_per_acq"] = work["server_cpu"] * 1e6 / count
+            row["client_cpu_us_per_acq"] = work["client_cpu"] * 1e6 / count
         out[key] = row
     for key, row in out.items():
         subject = BY_KEY[key]
@@ -256,6 +269,32 @@ def _round_trips(client: Any) -> int:
     """Requests sent so far: counted by the subject (etcd), else by the shared counter (Redis, asyncpg)."""
     own = client.round_trips() if hasattr(client, "round_trips") else None
     return Counter.value if own is None else int(own)
+
+
+async def _pg_admin(servers: Servers) -> Any:
+    """A plain asyncpg connection that reads the PostgreSQL server's counters (its requests are not counted)."""
+    import asyncpg
+
+    return await asyncpg.connect(servers.urls["postgres"])
+
+
+async def _pg_snapshot(admin: Any, servers: Servers) -> tuple[int, Any, float, float]:
+    """(next transaction id, WAL insert position, server CPU s, this process's CPU s), read before any
+    client request is counted: the admin connection's own requests stay out of the round trips."""
+    value = Counter.value
+    row = await admin.fetchrow(PG_WORK_SQL)
+    Counter.value = value
+    return int(row["xid"]), row["lsn"], process_tree_cpu(servers.handles["postgres"].pid), time.process_time()
+
+
+def _pg_delta(before: tuple[int, Any, float, float], after: tuple[int, Any, float, float]) -> dict[str, float]:
+    """Work between two snapshots: transaction ids assigned, WAL bytes written, server and client CPU seconds."""
+    return {
+        "xids": after[0] - before[0],
+        "wal_bytes": float(int(after[1]) - int(before[1])),
+        "server_cpu": after[2] - before[2],
+        "client_cpu": after[3] - before[3],
+    }
 
 
 async def _loop(handle: Any, count: int, threads: bool) -> list[float]:

@@ -9,6 +9,7 @@ never counted as the client's own traffic.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -149,6 +150,31 @@ def zk_mntr(port: int) -> dict[str, str]:
 def zk_packets(port: int) -> int:
     """Requests the server has received so far (pings included)."""
     return int(zk_mntr(port).get("zk_packets_received", "0"))
+
+
+# -- PostgreSQL: its own counters, and /proc ------------------------------------------
+
+#: Transaction ids assigned so far (the next one; reading it assigns none) and the WAL position.
+PG_WORK_SQL = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS xid, pg_current_wal_insert_lsn() AS lsn"
+
+
+def process_tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) used so far by the process ``root`` and its children
+    (a PostgreSQL postmaster and every backend it forked); 0 where /proc is missing."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended meanwhile
+            if int(entry) == root or int(fields[1]) == root:
+                total += int(fields[11]) + int(fields[12])
+    return total / tick
 
 
 def server_counter(servers: Servers, backend: str) -> tuple[Any, Any] | None:

@@ -120,6 +120,11 @@ def test_quick_postgres_run_counts_round_trips_and_connections(tmp_path: Path) -
     # the raw floor is pg_advisory_lock then pg_advisory_unlock: two round trips
     assert unc["raw-postgres"]["round_trips_per_acq"] == 2.0
     assert unc["asynclock-postgres"]["round_trips_per_acq"] >= 2.0
+    # and the server's work of a pair: it assigns no transaction id and writes no WAL record
+    assert unc["raw-postgres"]["xids_per_acq"] == 0.0
+    for row in unc.values():
+        assert row["wal_bytes_per_acq"] >= 0 and row["server_cpu_us_per_acq"] >= 0 and row["client_cpu_us_per_acq"] > 0
+    assert "transaction ids" in proc.stdout
     conns = results["connections"]
     many, waits = conns["hold_many"], conns["wait_one"]
     assert many["asked"] == 1000 and 0 < many["held"] <= 1000 and many["connections"] >= 1
