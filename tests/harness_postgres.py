@@ -1,7 +1,7 @@
 """The PostgreSQL harness for the contract suite (and the PostgreSQL-only tests).
 
 Isolation is by prefix: every test gets its own key space and its own fence
-table (``<prefix>_fence``), dropped at the end. A hold is lost server-side the
+table (``<prefix>_fence``, with its queue table and token sequence), dropped at the end. A hold is lost server-side the
 way PostgreSQL loses one: the holder's session is ended with
 ``pg_terminate_backend``.
 """
@@ -35,6 +35,13 @@ def postgres_backend(locks: asynclock.Locks) -> PostgresBackend:
     backend = locks.backend
     assert isinstance(backend, PostgresBackend)
     return backend
+
+
+def tokens_from(locks: asynclock.Locks, source: str) -> asynclock.Locks:
+    """``locks``, made (before its first request) to take its fencing tokens from ``source``:
+    "sequence" (PostgreSQL 15+) or "table" (the per-name counter rows of older servers)."""
+    postgres_backend(locks)._sequence_tokens = source == "sequence"
+    return locks
 
 
 class PostgresHarness(Harness):
@@ -110,6 +117,29 @@ class PostgresHarness(Harness):
         finally:
             await conn.close()
 
+    async def queued_on(self, key: tuple[int, int]) -> int:
+        """How many live waiters the queue table holds for the advisory ``key`` (a row is live
+        while its client's listening session holds the row's session key)."""
+        return len(await self.queue_rows(key))
+
+    async def queue_rows(self, key: tuple[int, int]) -> list[bool]:
+        """The live rows queued for ``key``, first first: whether each is a shared (read) hold."""
+        table = f"{self.prefix}_fence_queue".replace('"', '""')
+        admin = await self.admin()
+        if not await admin.fetchval("SELECT to_regclass($1) IS NOT NULL", f'"{table}"'):
+            return []
+        rows = await admin.fetch(
+            f'SELECT q.shared FROM "{table}" q WHERE q.k1 = $1 AND q.k2 = $2'
+            " AND NOT pg_try_advisory_xact_lock_shared(q.s1, q.s2) ORDER BY q.ticket",
+            *key,
+        )
+        return [bool(row["shared"]) for row in rows]
+
+    async def lock_waits(self) -> int:
+        """Sessions waiting in the server's own lock queue for an advisory lock (asynclock never makes one)."""
+        admin = await self.admin()
+        return int(await admin.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"))
+
     async def leftovers(self) -> list[str]:
         """Advisory locks still granted to a session of one of this test's clients.
 
@@ -136,7 +166,8 @@ class PostgresHarness(Harness):
         admin = await self.admin()
         try:
             table = f"{self.prefix}_fence".replace('"', '""')
-            await admin.execute(f'DROP TABLE IF EXISTS "{table}"')
+            await admin.execute(f'DROP TABLE IF EXISTS "{table}", "{table}_queue"')
+            await admin.execute(f'DROP SEQUENCE IF EXISTS "{table}_token"')
         finally:
             await admin.close()
             self._admin = None

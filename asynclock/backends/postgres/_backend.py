@@ -1,9 +1,9 @@
-"""PostgresBackend: the request protocol, on advisory locks held by lease connections."""
+"""PostgresBackend: the request protocol, on advisory locks held by a few shared sessions."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,21 +16,26 @@ from ..._values import LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem
 from . import _sql
 from ._config import dsn_address, dsn_secrets, parse_url, pool_address
-from ._connections import LeaseConnections, is_closed, terminate
 from ._errors import CLIENT_ERRORS, MapErrors
-from ._hold import Hold
-from ._inspect import read_holders
-from ._keys import Key, advisory_key, fence_row, gate_key, name_check, rw_key, slot_arrays
+from ._grants import Grants
+from ._hold import Hold, KeyState
+from ._inspect import Inspector
+from ._keys import Key, advisory_key, gate_key, rw_key, slot_arrays
+from ._listener import Listener
+from ._queue import Queue
 from ._requests import Requests
-from ._semaphore import Permits
-from ._tokens import create_table, quote_table
+from ._semaphore import Permits, SemaphoreStatements
+from ._sessions import ADMIN_TIMEOUT, Session, Sessions, is_closed
+from ._tokens import FIRST_TOKEN, quote_table, set_up
 
 __all__ = ["DEFAULT_MAX_LEASES", "PostgresBackend"]
 
-#: Connections for holds and waiters when asynclock opens the pool itself.
-DEFAULT_MAX_LEASES = 50
+#: Sessions for holds when asynclock opens the pool itself (plus one that listens).
+DEFAULT_MAX_LEASES = 3
 
 _CLOSED = "the PostgreSQL backend is closed"
+_LOST = "the PostgreSQL connection holding the lock closed (terminated, restarted or cut off)"
+_fetchval = asyncpg.Connection.fetchval
 
 
 def _retrieve_outcome(task: asyncio.Task[Any]) -> None:
@@ -39,7 +44,7 @@ def _retrieve_outcome(task: asyncio.Task[Any]) -> None:
 
 
 class PostgresBackend:
-    """Locks on one PostgreSQL server (advisory locks on leased connections)."""
+    """Locks on one PostgreSQL server: advisory locks held by a few shared sessions, waiters in a queue table."""
 
     kind = "postgres"
 
@@ -67,23 +72,34 @@ class PostgresBackend:
         self._prefix = prefix
         self._table = table if table is not None else f"{prefix}_fence"
         if pool is None:
-            address, secrets = dsn_address(dsn or ""), dsn_secrets(dsn, options)
+            address, secrets_ = dsn_address(dsn or ""), dsn_secrets(dsn, options)
         else:
-            address, secrets = pool_address(pool)
-        self._errors = MapErrors(address, secrets, self._table)
+            address, secrets_ = pool_address(pool)
+        self._errors = MapErrors(address, secrets_, self._table)
         if max_leases is None:
-            max_leases = DEFAULT_MAX_LEASES if pool is None else max(1, pool.get_max_size() // 2)
-        self._connections = LeaseConnections(
-            pool, dsn=dsn, pool_options=options, max_leases=max_leases, errors=self._errors
-        )
-        self._requests = Requests(prefix, _sql.Statements(quote_table(self._table)), self._errors, self._connections)
-        self._permits = Permits(self._requests)
+            max_leases = (
+                DEFAULT_MAX_LEASES if pool is None else max(1, min(DEFAULT_MAX_LEASES, pool.get_max_size() // 2))
+            )
+        self._sessions = Sessions(pool, dsn=dsn, pool_options=options, max_leases=max_leases, errors=self._errors)
+        self._id = secrets.token_hex(8)
+        self._sessions.backend = self._id
+        self._listener = Listener(self._sessions, self._errors, self._id)
+        self._requests = Requests(self._sessions, self._errors)
+        self._queue = Queue(self._requests, self._listener, self._sessions)
+        self._grants = Grants(self._requests, self._queue, self._sessions)
+        self._permits = Permits(self._requests, self._queue, self._sessions, self._listener, prefix)
         self._key_of: Callable[[str], Key] = lambda name: advisory_key(prefix, name)
-        # Every acquisition of this client from its first request until its
-        # release, by hold id: queued, trying, waiting or granted.
+        # What this client asks for, by key, and every acquisition from its first request to its end.
+        self._keys: dict[Key, KeyState] = {}
         self._holds: dict[str, Hold] = {}
+        self._inspector = Inspector(self._listener, self._sessions, self._keys, prefix)
+        #: None: tokens from the sequence where the server has one (PostgreSQL 15+); False: from the table.
+        self._sequence_tokens: bool | None = None
         self._hooks: BackendHooks | None = None
         self._starting: asyncio.Task[None] | None = None
+        self._sessions.on_lost = self._session_lost
+        self._listener.on_message = self._message
+        self._listener.on_lost = self._listener_lost
 
     @classmethod
     def from_url(
@@ -143,19 +159,20 @@ class PostgresBackend:
     @property
     def pool(self) -> Any:
         """The asyncpg pool in use (None before ``start`` when asynclock opens it)."""
-        return self._connections.pool
+        return self._sessions.pool
 
     @property
     def max_leases(self) -> int:
-        return self._connections.max_leases
+        """How many sessions may hold locks at once (the listening session comes on top)."""
+        return self._sessions.max_leases
 
-    # -- keys -------------------------------------------------------------------
+    # -- keys -------------------------------------------------------------------------
 
     def check_kind(self, kind: Kind) -> None:
         """Every primitive: the fair lock (the plain lock itself), read-write lock, semaphore."""
 
     def _main_key(self, ref: LockRef) -> Key:
-        """The key a hold of ``ref`` locks (a semaphore: the gate its waiters queue on)."""
+        """The key a hold of ``ref`` takes (a semaphore: the gate its waiters queue on)."""
         if ref.kind in ("read", "write"):
             return rw_key(self._prefix, ref.name)
         if ref.kind == "semaphore":
@@ -169,18 +186,17 @@ class PostgresBackend:
         return f"pg_advisory({high},{low})"
 
     def lease_time(self, ttl: float) -> float:
-        # The server ends a lease connection idle for ttl (idle_session_timeout),
-        # counted from the end of its last statement, which is after that
-        # statement was sent.
+        # A session's idle_session_timeout is at least the ttl of every hold it
+        # has (counted from the end of its last statement, which is after that
+        # statement was sent).
         return ttl
 
-    # -- starting ---------------------------------------------------------------
+    # -- starting ---------------------------------------------------------------------
 
     async def start(self, hooks: BackendHooks) -> None:
         self._hooks = hooks
-        # The set-up runs in its own task: a caller cancelled meanwhile does
-        # not cut a connection attempt in half; the next call waits for the
-        # same set-up.
+        # The set-up runs in its own task: a caller cancelled meanwhile does not
+        # cut a connection attempt in half; the next call waits for the same set-up.
         task = self._starting
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             task = self._starting = asyncio.get_running_loop().create_task(self._set_up())
@@ -188,138 +204,110 @@ class PostgresBackend:
         await asyncio.shield(task)
 
     async def _set_up(self) -> None:
-        connections = self._connections
-        if connections.pool is None:
-            await connections.open_pool()
-        async with self._errors, connections.borrow() as conn:
-            version = int(await conn.fetchval(_sql.SERVER_VERSION))
-            self._requests.pg14 = version >= 140000
-            await create_table(conn, quote_table(self._table))
-        connections.checked = connections.owns_pool and self._requests.pg14
+        sessions = self._sessions
+        if sessions.pool is None:
+            await sessions.open_pool()
+        table, queue = quote_table(self._table), quote_table(self._table, "_queue")
 
-    # -- acquiring --------------------------------------------------------------
+        async def prepare(conn: Any) -> None:
+            version = int(await conn.fetchval(_sql.SERVER_VERSION))
+            sessions.pg14 = version >= 140000
+            use_sequence = version >= 150000 if self._sequence_tokens is None else self._sequence_tokens
+            sequence = quote_table(self._table, "_token") if use_sequence else None
+            await set_up(conn, table, queue, sequence)
+            first = FIRST_TOKEN.format(table=table)
+            self._requests.sql = self._inspector.sql = _sql.Statements(table, queue, sequence, first)
+            self._requests.table, self._requests.sequence = table, sequence
+            self._permits.sql = SemaphoreStatements(table, queue, sequence, first)
+
+        await self._listener.statement(prepare, within=ADMIN_TIMEOUT)
+
+    # -- acquiring ----------------------------------------------------------------------
+
+    def _state(self, ref: LockRef) -> KeyState:
+        key = self._main_key(ref)
+        state = self._keys.get(key)
+        if state is None:
+            slots: frozenset[Key] = frozenset()
+            if ref.kind == "semaphore":
+                highs, lows = slot_arrays(self._prefix, ref.name, ref.permits)
+                slots = frozenset(zip(highs, lows, strict=True))
+            state = self._keys[key] = KeyState(key, slots)
+        return state
 
     async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
         record = self._holds.get(hold)
         if record is not None:  # the same hold id again
             return Acquired(record.token) if record.granted else Queued(None)
-        connections = self._connections
-        if connections.pool is None:
+        if self._sessions.pool is None:
             raise BackendUnavailable(_CLOSED)
-        record = Hold(ref, hold, ttl)
-        if connections.places.locked():
-            # Every lease connection is taken: waiting for one is waiting for the lock.
-            if not enqueue:
-                return Busy(None)
-            self._holds[hold] = record
-            return Queued(None)
-        await connections.places.acquire()  # free: returns at once
-        record.has_place = True
+        if self._sessions.client == "?":
+            self._sessions.client = hold.partition(":")[0]  # (the front's hold ids start with the client's id)
+        record = Hold(ref, hold, ttl, self._state(ref), ref.kind == "read")
         self._holds[hold] = record
+        primitive = self._permits if ref.kind == "semaphore" else self._grants
         try:
-            granted = await self._first_try(record)
+            got = await primitive.try_acquire(record, enqueue)
         except asyncio.CancelledError:
-            raise  # the release by identity that follows gives the connection back
+            raise  # the release by identity that follows settles it
         except BaseException:
             await self._end(record)
             raise
-        if granted is not None:
-            return granted
+        if got is not None:
+            return got
         if enqueue:
             return Queued(None)
         await self._end(record)
         return Busy(None)
 
-    async def _first_try(self, record: Hold) -> Acquired | None:
-        """Get the hold a connection (a parked one if any) and try once; Acquired, or None."""
-        connections = self._connections
-        record.conn = connections.take_parked()
-        if record.conn is None:
-            # Connecting takes what it takes, but leaves a request window of the
-            # lease time for the try.
-            ttl = record.ttl
-            record.conn = await connections.checkout(asyncio.get_running_loop().time() + ttl - request_window(ttl))
-        if record.ref.kind == "semaphore":
-            granted = await self._permits.try_permit(record)
-        else:
-            granted = await self._requests.try_lock(record, self._main_key(record.ref))
-        if granted is not None:
-            self._granted(record, granted)
-        return granted
-
     async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
         record = self._holds.get(hold)
-        if record is None or self._connections.pool is None:
+        if record is None or self._sessions.pool is None:
             raise BackendUnavailable(_CLOSED)
         if record.granted:
             return Acquired(record.token)
-        if not record.has_place:
-            try:
-                async with asyncio.timeout_at(until):
-                    await self._connections.places.acquire()
-            except TimeoutError:
-                return Queued(None)
-            record.has_place = True
-        try:
-            if record.conn is not None and is_closed(record.conn):
-                terminate(record.conn)
-                record.forget_session()
-            if record.conn is None:
-                granted = await self._first_try(record)
-                if granted is not None:
-                    return granted
-            if ref.kind == "semaphore":
-                result = await self._permits.wait(record, until)
-            else:
-                result = await self._requests.wait_lock(record, until)
-            if isinstance(result, Acquired):
-                self._granted(record, result)
-            return result
-        except asyncio.CancelledError:
-            raise  # the release by identity that follows gives the connection back
-        except BaseException:
-            # The engine may ask again for the same hold: on a fresh connection.
-            conn = record.conn
-            if conn is not None:
-                statement, args = record.cleanup(self._requests.pg14)
-                listener = record.listening()
-                record.forget_session()
-                await self._connections.give_back(conn, statement, args, ttl, listener)
-            raise
+        primitive = self._permits if ref.kind == "semaphore" else self._grants
+        return await self._queue.wait(record, until, primitive.head_try)
 
-    def _granted(self, record: Hold, granted: Acquired) -> None:
-        """Record a grant and watch its connection; raises if the connection is already gone."""
-        conn = record.conn
-        on_close = record.on_close = self._on_close_callback(record.hold)
-        with contextlib.suppress(asyncpg.InterfaceError):  # a proxy the pool took back: closed
-            conn.add_termination_listener(on_close)
-        if is_closed(conn):
-            with contextlib.suppress(asyncpg.InterfaceError):
-                conn.remove_termination_listener(on_close)
-            raise self._errors.unavailable("the connection closed right after the lock was granted")
-        record.granted = True
-        record.token = granted.token
+    def _message(self, payload: str) -> None:
+        """A notification on this backend's channel."""
+        kind, _, rest = payload.partition(" ")
+        if kind in ("t", "h"):
+            record = self._holds.get(rest)
+            if record is not None and not record.granted and record.woken is not None:
+                if kind == "t":
+                    record.try_now = True
+                else:
+                    record.head = True
+                record.woken.set()
+        elif kind == "i":
+            self._inspector.asked(rest, self._sessions.spawn)
+        elif kind == "r":
+            self._inspector.answered(rest)
 
-    def _on_close_callback(self, hold: str) -> Callable[[Any], None]:
-        # (It finds the record by its hold id, which no other acquisition
-        # shares: no reference cycle for the garbage collector to break.)
-        def on_close(_conn: Any) -> None:
-            record = self._holds.get(hold)
-            if record is None or record.released or record.lost:
-                return
-            record.lost = True
-            if self._hooks is not None:
-                self._hooks.lose(
-                    [hold], "the PostgreSQL connection holding the lock closed (terminated, restarted or cut off)"
-                )
+    def _listener_lost(self) -> None:
+        """The listening session ended: its waiters' rows are dead; they queue again."""
+        for record in self._holds.values():
+            if record.woken is not None and not record.granted:
+                record.woken.set()
 
-        return on_close
+    def _session_lost(self, session: Session) -> None:
+        """A session closed: exactly its holds are lost."""
+        lost = [record for record in session.holds if record.granted and not record.lost]
+        for record in session.holds:
+            self._grants.forget(record)
+        session.holds.clear()
+        for state in self._keys.values():
+            if session in state.unknown:
+                state.unknown.remove(session)  # its locks ended with it
+        if lost and self._hooks is not None:
+            self._hooks.lose([record.hold for record in lost], _LOST)
 
-    # -- holding and releasing --------------------------------------------------
+    # -- holding and releasing ----------------------------------------------------------
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
         record = self._holds.get(hold)
-        if record is None or not record.granted or record.lost or is_closed(record.conn):
+        if record is None or not record.granted or record.lost or record.session is None or record.session.gone:
             return False
         record.count = count
         return True
@@ -328,129 +316,89 @@ class PostgresBackend:
         record = self._holds.get(hold)
         if record is None:
             return False
-        if not record.granted:
-            await self._end(record)  # out of the queue; a grant that raced in goes with it
-            return False
-        del self._holds[hold]
-        record.released = True
-        conn = record.conn
-        if record.on_close is not None:
-            with contextlib.suppress(asyncpg.InterfaceError):  # a proxy the pool took back: closed
-                conn.remove_termination_listener(record.on_close)
-        alive = not record.lost and not is_closed(conn)
+        primitive = self._permits if ref.kind == "semaphore" else self._grants
         try:
-            ping = record.ping
-            if alive and ping is not None and not ping.done():
-                # A ping still runs on the connection: give it a moment, else close.
-                await asyncio.wait({ping}, timeout=record.ttl / 3)
-                if not ping.done():
-                    terminate(conn)
-            # Whether it goes back clean or is closed (ending the session), the
-            # server no longer holds the lock for this hold.
-            statement, args = record.cleanup(self._requests.pg14)
-            await self._connections.give_back(conn, statement, args, record.ttl, record.listening(), park=True)
-        except BaseException:
-            terminate(conn)
-            raise
+            return await primitive.release(record)
         finally:
-            self._connections.places.release()
-        return alive
+            # A release that failed with the hold still queued is retried: keep it until then.
+            if record.released or not (record.marked or record.ticket is not None):
+                await self._end(record)
 
     async def _end(self, record: Hold) -> None:
-        """An acquisition that holds nothing (any more): give its connection back and its place up."""
-        self._holds.pop(record.hold, None)
-        record.released = True
-        try:
-            conn = record.conn
-            if conn is not None:
-                statement, args = record.cleanup(self._requests.pg14)
-                # A try that said no changed nothing: its connection stays for the next try.
-                park = statement is None
-                await self._connections.give_back(conn, statement, args, record.ttl, record.listening(), park=park)
-        finally:
-            if record.has_place:
-                self._connections.places.release()
+        """``record`` is over: forget it (and its key's state once nothing else is on it)."""
+        if self._holds.get(record.hold) is record:
+            del self._holds[record.hold]
+        if record.marked or record.ticket is not None:
+            await self._queue.leave(record)
+        if record.permits_key is not None:
+            # (at once: while it is held, the client's number of permits is in use)
+            key, record.permits_key = record.permits_key, None
+            await self._listener.let_go(key, request_window(record.ttl))
+        state = record.state
+        if state.idle and self._keys.get(state.key) is state:
+            del self._keys[state.key]
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        return list(await asyncio.gather(*(self._ping(item.hold) for item in items)))
+        """One ping per session (not per hold) proves every hold on it."""
+        sessions: dict[Session, asyncio.Future[bool | BaseException]] = {}
+        for item in items:
+            record = self._holds.get(item.hold)
+            session = record.session if record is not None and record.granted and not record.lost else None
+            if session is not None and session not in sessions and not session.gone:
+                sessions[session] = asyncio.ensure_future(self._ping(session))
+        if sessions:
+            await asyncio.wait(list(sessions.values()))
+        results: list[bool | BaseException] = []
+        for item in items:
+            record = self._holds.get(item.hold)
+            if record is None or not record.granted or record.lost or record.session not in sessions:
+                results.append(False)
+                continue
+            outcome = sessions[record.session].result()
+            results.append(outcome if isinstance(outcome, BaseException) else (outcome and not record.lost))
+        return results
 
-    async def _ping(self, hold: str) -> bool | BaseException:
-        """Prove the lease connection alive with a round trip sent now."""
-        record = self._holds.get(hold)
-        if record is None or not record.granted or record.lost or is_closed(record.conn):
-            return False
+    async def _ping(self, session: Session) -> bool | BaseException:
+        """Prove ``session`` alive with a round trip sent in its turn."""
         try:
-            previous = record.ping
-            if previous is not None and not previous.done():
-                # An answer to an older ping would prove nothing about now:
-                # let it finish, then send a new one.
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(previous)
-            if record.released or record.lost or is_closed(record.conn):
-                return False
-            record.ping = asyncio.get_running_loop().create_task(record.conn.fetchval(_sql.PING))
-            record.ping.add_done_callback(_retrieve_outcome)
-            await asyncio.shield(record.ping)
+            await session.claim()
+            try:
+                if session.gone or is_closed(session.conn):
+                    return False
+                await session.conn.fetchval(_sql.PING)
+            finally:
+                session.free()
         except CLIENT_ERRORS as exc:
-            if record.lost or is_closed(record.conn):
+            if session.gone or is_closed(session.conn):
                 return False
             translated = self._errors.translate(exc)
             translated.__cause__ = exc
             return translated
-        return not record.lost
+        return not session.gone
 
-    # -- what the server knows ----------------------------------------------------
+    # -- what the server knows ----------------------------------------------------------
 
     async def info(self, ref: LockRef) -> LockInfo:
-        if self._connections.pool is None:
+        if self._sessions.pool is None:
             raise BackendUnavailable(_CLOSED)
         main = self._main_key(ref)
         if ref.kind == "semaphore":
             highs, lows = slot_arrays(self._prefix, ref.name, ref.permits)
-            held_keys = list(zip(highs, lows, strict=True))
+            held = list(zip(highs, lows, strict=True))
         else:
-            held_keys = [main]
-        async with self._errors, self._connections.borrow() as conn:
-            rows = await conn.fetch(
-                _sql.LOCKS_ON,
-                main[0] & 0xFFFFFFFF,
-                main[1] & 0xFFFFFFFF,
-                [k[0] & 0xFFFFFFFF for k in held_keys],
-                [k[1] & 0xFFFFFFFF for k in held_keys],
-            )
-            token = await conn.fetchval(self._requests.sql.token_of, fence_row(ref))
-        holders, waiters = read_holders(ref, rows, name_check(self._prefix, ref.name))
-        owner = holders[0] if holders else None
-        count = 0
-        if owner is not None:
-            mine = self._holds.get(owner)
-            count = mine.count if mine is not None and mine.ref.name == ref.name and not mine.lost else 1
-        return LockInfo(
-            name=ref.name,
-            key=self.lock_key(ref),
-            owner=owner,
-            hold_count=count,
-            ttl=None,
-            waiters=waiters,
-            token=int(token) if owner is not None and token is not None else None,
-            holders=tuple(holders),
-        )
+            held = [main]
+        return await self._inspector.info(ref, main, held, self.lock_key(ref))
 
     async def names(self) -> list[str]:
-        """Names under this client's table whose (plain or fair) lock is held right now."""
-        if self._connections.pool is None:
+        """Names under this client's fence table whose (plain or fair) lock is held right now."""
+        if self._sessions.pool is None:
             raise BackendUnavailable(_CLOSED)
-        async with self._errors, self._connections.borrow() as conn:
-            rows = await conn.fetch(self._requests.sql.held_names)
-        return [bytes(row["name"]).decode() for row in rows]
+        return await self._inspector.names()
 
     async def aclose(self) -> None:
-        # Holds and waits the front could not end: closing their sessions ends them.
-        for record in list(self._holds.values()):
-            record.released = True
-            if record.conn is not None:
-                terminate(record.conn)
-        self._holds.clear()
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
-        await self._connections.aclose()
+        self._holds.clear()
+        self._keys.clear()
+        await self._listener.aclose()
+        await self._sessions.aclose()

@@ -76,8 +76,9 @@ def _cause(exc: BaseException) -> str:
 def _hint(exc: BaseException, table: str) -> str:
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
         return (
-            f" (this role needs SELECT, INSERT and UPDATE on the fence table {table}, and CREATE on its"
-            " schema while the table does not exist; table= chooses another)"
+            f" (this role needs SELECT, INSERT, UPDATE and DELETE on the fence table {table} and on"
+            f" {table}_queue, USAGE and UPDATE on the sequence {table}_token (PostgreSQL 15+), and CREATE on"
+            " their schema while they do not exist; table= chooses another name)"
         )
     return ""
 

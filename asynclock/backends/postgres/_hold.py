@@ -1,92 +1,118 @@
-"""One acquisition's state on its lease connection: what its session did, so that giving it back undoes exactly that."""
+"""What the client knows of a key it asks for (``KeyState``) and of one acquisition (``Hold``).
+
+The client holds each advisory key at most once, on one session: a second
+owner of the same client is kept apart here (its request is known to be
+busy without asking the server), and the read holds of one client share its
+one shared lock. Requests about one key run one at a time (``enter`` /
+``leave``), so a request cut short (cancelled, or past its bound) leaves at
+most one session whose locks are unknown (``unknown``); the next request on
+the key, or the release of the cut-short hold, settles it first.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Callable
+import collections
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...abc import LockRef
-from . import _sql
+from ._keys import Key, marker_key
 
-__all__ = ["Hold", "ms"]
+if TYPE_CHECKING:
+    from ._sessions import Session
+
+__all__ = ["Hold", "KeyState"]
 
 
-def ms(seconds: float) -> str:
-    """Seconds as a server setting's value in ms, rounded up and never 0 (0 would mean 'no limit')."""
-    return str(max(1, math.ceil(seconds * 1000)))
+class KeyState:
+    """One advisory key (a lock, a read-write lock, or a semaphore's gate) as this client holds and waits for it."""
+
+    __slots__ = ("_next", "busy", "holders", "key", "marker", "session", "shared", "slots", "unknown", "waiting")
+
+    def __init__(self, key: Key, slots: frozenset[Key] = frozenset()) -> None:
+        self.key = key
+        #: a semaphore's slot keys (its key is the gate its waiters queue on)
+        self.slots = slots
+        self.marker = marker_key(key)
+        self.busy = False
+        self._next: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: the session holding the key for this client (locks, read-write locks), and in which mode
+        self.session: Session | None = None
+        self.shared = False
+        #: local holds that hold it (a read group: several; a semaphore: one per permit)
+        self.holders: dict[str, Hold] = {}
+        #: local holds queued for it
+        self.waiting = 0
+        #: sessions on which a request cut short may have locked something no hold claims
+        self.unknown: list[Session] = []
+
+    def __repr__(self) -> str:
+        return f"<KeyState {self.key} holders={len(self.holders)} waiting={self.waiting}>"
+
+    @property
+    def idle(self) -> bool:
+        """Nothing here any more: the state can be forgotten."""
+        return not (self.busy or self.holders or self.waiting or self.unknown)
+
+    async def enter(self) -> None:
+        """This client's next request about the key: wait for the one before to finish."""
+        if not self.busy:
+            self.busy = True
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._next.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.leave()
+            else:
+                with contextlib.suppress(ValueError):
+                    self._next.remove(turn)
+            raise
+
+    def leave(self) -> None:
+        while self._next:
+            turn = self._next.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.busy = False
+
+    def conflicts(self, shared: bool) -> bool:
+        """Whether a hold of this client holds the key in a mode that keeps a ``shared`` (or exclusive) hold out."""
+        return bool(self.holders) and not (shared and self.shared)
 
 
 @dataclass(eq=False, slots=True)
 class Hold:
-    """An acquisition of ``ref`` for the hold id ``hold``: queued, trying, waiting or granted.
-
-    It owns a place among the backend's lease connections (``has_place``) and,
-    once it has one, a connection (``conn``) whose session takes the lock.
-    """
+    """One acquisition: trying, queued, or holding."""
 
     ref: LockRef
     hold: str
     ttl: float
-    has_place: bool = False
-    conn: Any = None  # an asyncpg pool connection
-    #: The lock statement's parameters before lock_timeout (and, for a semaphore, the head flag).
-    args: tuple[Any, ...] = ()
-    #: A lock statement was sent: something may be locked or set.
-    dirty: bool = False
-    #: The settings the grant replaced (application_name, idle_session_timeout).
-    before: tuple[str, str | None] | None = None
-    #: client_connection_check_interval was set for this wait.
-    reset_check: bool = False
-    #: A semaphore's channel: giving the connection back NOTIFYs its head waiter.
-    notify: str | None = None
-    #: LISTENing on that channel (the head waiter) with this callback, which sets ``notified``.
-    listener: Callable[..., None] | None = field(default=None, repr=False)
-    notified: asyncio.Event | None = field(default=None, repr=False)
-    #: A semaphore's waiter holds the gate: it is the head of the queue.
-    at_gate: bool = False
+    state: KeyState
+    shared: bool
+    #: the session whose lock this hold is (a read group's member: the group's session)
+    session: Session | None = None
+    #: a semaphore's slot key, and the permits key its client holds shared for it (on the listening session)
+    slot: Key | None = None
+    permits_key: Key | None = None
     granted: bool = False
     token: int | None = None
     count: int = 1
     lost: bool = False
     released: bool = False
-    ping: asyncio.Task[Any] | None = field(default=None, repr=False)
-    on_close: Callable[[Any], None] | None = field(default=None, repr=False)
-
-    def listening(self) -> tuple[str, Callable[..., None]] | None:
-        """The (channel, callback) this session LISTENs with, if it does."""
-        if self.notify is None or self.listener is None:
-            return None
-        return self.notify, self.listener
-
-    def forget_session(self) -> None:
-        """The connection is gone (its session ended, and with it everything it held or set)."""
-        self.conn = None
-        self.dirty = self.reset_check = self.at_gate = False
-        self.before = None
-        self.listener = self.notified = None
-
-    def cleanup(self, pg14: bool) -> tuple[str | None, tuple[Any, ...]]:
-        """The statement (and its parameters) that gives the connection back in a known state.
-
-        A grant that changed nothing but its settings is undone by one
-        prepared statement; anything else by a list of resets (simple
-        protocol: one round trip). None: nothing was sent, nothing to undo.
-        """
-        if not self.dirty:
-            return None, ()
-        if self.before is not None and not self.reset_check:
-            if self.notify is not None:
-                return _sql.RELEASE_NOTIFY, (*self.before, self.notify)
-            return _sql.RELEASE, self.before
-        parts = [_sql.CLEANUP_PARTS["unlock"], _sql.CLEANUP_PARTS["app"]]
-        if pg14:
-            parts.append(_sql.CLEANUP_PARTS["idle"])
-        if self.reset_check:
-            parts.append(_sql.CLEANUP_PARTS["check"])
-        if self.notify is not None:
-            # A permit (or the head's place) is given back: the head waiter tries again.
-            parts.append(_sql.CLEANUP_PARTS["notify"].format(channel=self.notify))
-        return "; ".join(parts), ()
+    #: queued: its row's ticket, the listening session's incarnation that owns the row,
+    #: whether it counts in the key's marker, whether it is first in line
+    ticket: int | None = None
+    incarnation: int = 0
+    marked: bool = False
+    head: bool = False
+    #: set when a notification says to try now (``try_now``) or that it is first in line now
+    woken: asyncio.Event | None = field(default=None, repr=False)
+    try_now: bool = False
+    #: the task putting its row in the queue (it outlives a caller that gives up)
+    queuing: asyncio.Task[Any] | None = field(default=None, repr=False)

@@ -17,29 +17,30 @@ import struct
 from ...abc import LockRef
 
 __all__ = [
-    "APP_NAME_MAX",
     "APP_TAG",
     "EPOCH_ROW",
     "PERMITS_MARK",
+    "SEED_KEY",
     "Key",
     "advisory_key",
     "app_name",
     "channel",
     "fence_row",
     "gate_key",
+    "marker_key",
     "name_check",
+    "parse_app_name",
     "permits_key",
     "rw_key",
+    "session_key",
     "slot_arrays",
     "slot_key",
 ]
 
 Key = tuple[int, int]
 
-#: Tag at the start of a lease connection's application_name.
+#: Tag at the start of the application_name of asynclock's connections.
 APP_TAG = "asynclock"
-#: PostgreSQL truncates application_name to this many bytes.
-APP_NAME_MAX = 63
 
 #: Fence rows of the read-write lock and the semaphore start with a byte that
 #: no UTF-8 text starts with, so they never meet a plain lock's row.
@@ -97,11 +98,26 @@ def slot_arrays(prefix: str, name: str, permits: int) -> tuple[list[int], list[i
     return [k[0] for k in keys], [k[1] for k in keys]
 
 
-@functools.lru_cache(maxsize=1024)
-def channel(prefix: str, name: str) -> str:
-    """The LISTEN/NOTIFY channel of the semaphore ``name`` (hex digits only: safe to inline)."""
-    digest = hashlib.blake2b(f"{prefix}\0{name}".encode(), digest_size=8, person=b"asynclock-chan").hexdigest()
-    return f"asynclock_{digest}"
+@functools.lru_cache(maxsize=4096)
+def marker_key(key: Key) -> Key:
+    """The queue marker of the advisory key ``key``: held (shared) by every listening
+    session whose client has a waiter queued for ``key``, so that taking it
+    exclusively for an instant tells whether anybody waits."""
+    return _digest_key(b"asynclock-queue", struct.pack(">ii", *key))
+
+
+def session_key(backend: str, incarnation: int) -> Key:
+    """The key a listening session holds for its life: its queued waiters are alive while it is taken."""
+    return _digest_key(b"asynclock-sess", f"{backend}\0{incarnation}".encode())
+
+
+#: Serialises the reseeding of the token sequence after a crash (see ``_tokens``).
+SEED_KEY: Key = _digest_key(b"asynclock-seed", b"")
+
+
+def channel(backend: str) -> str:
+    """The LISTEN/NOTIFY channel of one backend (client): hex digits only, safe to inline."""
+    return f"{APP_TAG}_{backend}"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -110,9 +126,18 @@ def name_check(prefix: str, name: str) -> str:
     return hashlib.blake2b(f"{prefix}\0{name}".encode(), digest_size=4, person=b"asynclock-chk").hexdigest()
 
 
-def app_name(prefix: str, name: str, hold: str) -> str:
-    """The application_name a hold's session carries: who holds, and a check of which name."""
-    return f"{APP_TAG} {name_check(prefix, name)} {hold}"[:APP_NAME_MAX]
+def app_name(client: str, backend: str) -> str:
+    """The application_name of a client's connections: the client's id (what ``Locks.client_id``
+    says) and the backend's, whose channel answers questions about its holds."""
+    return f"{APP_TAG} {client} {backend}"
+
+
+def parse_app_name(app: str | None) -> tuple[str, str] | None:
+    """(client id, backend id) from an application_name made by :func:`app_name`, else None."""
+    parts = (app or "").split(" ")
+    if len(parts) != 3 or parts[0] != APP_TAG or not parts[2].isalnum():
+        return None
+    return parts[1], parts[2]
 
 
 def fence_row(ref: LockRef) -> bytes:

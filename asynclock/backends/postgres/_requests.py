@@ -1,184 +1,117 @@
-"""The requests of a lock or a read-write side on its lease connection: the try, the wait, the proofs.
+"""Requests on a session, in the caller's task: its turn, the watch on its bound, errors at the edge.
 
-A try is one statement: it takes the lock, the fencing token and the hold's
-session settings at once (``_sql.TRY_LOCK``). A wait is one statement that
-blocks in the server's own lock queue (``_sql.WAIT_LOCK``) until granted or
-until ``lock_timeout``, in the caller's task: when the caller is cancelled,
-asyncpg cancels the statement on the server (the next statement on the
-connection waits for that), and the hold's release gives the connection
-back, undoing whatever the statement got.
+A request cut short (cancelled, failed, past its bound) has an unknown
+outcome: whatever its statement locked may still be locked. The key's
+state then names the session (``KeyState.unknown``) and :meth:`settle`
+finds out, from ``pg_locks``, which of the key's locks the session holds
+that no hold of this client claims, and lets go of them; it runs before
+the next request about the key, in the release of the hold, and in the
+background right away (so a lock left by a cancelled caller goes within a
+request window even when nobody asks for the key again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Collection
 from typing import Any
 
-import asyncpg
-
 from ..._timing import request_window
-from ...abc import Acquired, Queued
 from . import _sql
-from ._connections import CHECK_INTERVAL_MS, NO_COMMAND_TIMEOUT, LeaseConnections, is_closed
-from ._errors import MapErrors
-from ._hold import Hold, ms
-from ._keys import Key, app_name, fence_row
+from ._errors import CLIENT_ERRORS, MapErrors
+from ._hold import KeyState
+from ._keys import Key
+from ._sessions import Session, Sessions
+from ._tokens import FLOOR, fresh_token
 
 __all__ = ["Requests"]
 
+logger = logging.getLogger("asynclock")
+
 
 class Requests:
-    """The statements of one backend's holds, sent on their lease connections."""
+    """The statements of one backend's holds on their sessions."""
 
-    def __init__(self, prefix: str, sql: _sql.Statements, errors: MapErrors, connections: LeaseConnections) -> None:
-        self.prefix = prefix
-        self.sql = sql
+    def __init__(self, sessions: Sessions, errors: MapErrors, statements: Any = None) -> None:
+        self.sessions = sessions
         self.errors = errors
-        self.connections = connections
-        #: PostgreSQL 14+: idle_session_timeout, client_connection_check_interval.
-        self.pg14 = True
+        self.sql: Any = statements  # _sql.Statements, once the server's version is known
+        self.table = ""
+        self.sequence: str | None = None
 
-    def idle(self, ttl: float) -> str | None:
-        """The idle_session_timeout of a lease connection (None where the server has none)."""
-        return ms(ttl) if self.pg14 else None
+    async def run(self, session: Session, ttl: float, method: Callable[..., Any], *args: Any) -> Any:
+        """``method(statement, *args)`` of ``session.conn`` in ``session``'s turn, watched for a request window.
 
-    # -- a lock, or a side of a read-write lock ---------------------------------
-
-    async def try_lock(self, record: Hold, key: Key) -> Acquired | None:
-        """The one try of a new hold: Acquired, or None if somebody else holds the lock."""
-        ref = record.ref
-        record.args = (
-            key[0],
-            key[1],
-            fence_row(ref),
-            app_name(self.prefix, ref.name, record.hold),
-            self.idle(record.ttl),
-        )
-        shared = ref.kind == "read"
-        sent = asyncio.get_running_loop().time()
-        row = await self.try_statement(record, self.sql.try_lock, shared)
-        if row is None or not row["ok"]:
-            return None
-        record.before = (row["app0"], row["idle0"])
-        return Acquired(int(row["token"]), confirmed_at=sent)
-
-    async def wait_lock(self, record: Hold, until: float | None) -> Acquired | Queued:
-        """Wait in the server's queue until granted, or ``until`` (then Queued: the wait has ended)."""
-        await self.arm_check(record)
-        sent = asyncio.get_running_loop().time()
-        shared = record.ref.kind == "read"
-        row = await self.wait_statement(
-            record, until, self.sql.wait_lock, *record.args, self._lock_timeout(until), shared
-        )
-        if row is None or not row["ok"]:
-            return Queued(None)
-        record.before = (row["app0"], row["idle0"])
-        return await self.confirm(record, int(row["token"]), sent)
-
-    # -- shared by every primitive ----------------------------------------------
-
-    async def try_statement(self, record: Hold, statement: str, *extra: Any) -> Any:
-        """Run a try statement on the hold's connection: its row, or None when it waited for a fence row.
-
-        A try waits for nothing but a fence row another transaction holds
-        (an application's ``SELECT ... FOR UPDATE``, another prefix sharing
-        the table): for half a request window. Then whatever it locked is
-        unlocked again (its settings went with its transaction), and the
-        connection is clean. The request is watched: unanswered within a
-        request window, the connection is closed.
+        ``method`` is an unbound asyncpg ``Connection`` method (``fetchval``...).
         """
-        conn = record.conn
-        ttl = record.ttl
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
-        connections = self.connections
-        record.dirty = True
-        with self.errors:
-            try:
-                window = request_window(ttl)
-                connections.watch(conn, sent + window)
-                try:
-                    row = await conn.fetchrow(
-                        statement, *record.args, ms(window / 2), *extra, timeout=connections.hot_timeout
-                    )
-                finally:
-                    connections.unwatch(conn)
-            except asyncpg.LockNotAvailableError:
-                row = None
-            else:
-                if row[0] is not None and row[0] is not False:
-                    return row  # granted: the hold's release undoes it
-            if row is None:
-                async with asyncio.timeout_at(loop.time() + ttl):
-                    await conn.execute(_sql.UNLOCK_ALL)
-        record.dirty = False  # refused: nothing locked, nothing set
-        return row
-
-    async def wait_statement(self, record: Hold, until: float | None, statement: str, *args: Any) -> Any:
-        """Run a blocking statement: its row, or None when ``lock_timeout`` ended the wait.
-
-        The server is probed while it waits (``LeaseConnections.wait_started``):
-        a server that went silent ends the wait with a BackendUnavailable
-        that is not to be retried. With ``until``, the connection is closed
-        should the server not end the wait by then (plus a grace).
-        """
-        conn = record.conn
-        loop = asyncio.get_running_loop()
-        connections = self.connections
-        grace = max(0.1, request_window(record.ttl))
-        record.dirty = True
-        connections.wait_started(conn, record.ttl)
-        if until is not None:
-            connections.watch(conn, until + grace)
+        await session.claim()
+        sessions = self.sessions
         try:
-            with self.errors:
-                try:
-                    return await conn.fetchrow(statement, *args, timeout=NO_COMMAND_TIMEOUT)
-                except asyncpg.LockNotAvailableError:
-                    return None  # lock_timeout: the server ended the wait
+            sessions.watch(session, asyncio.get_running_loop().time() + request_window(ttl))
+            try:
+                with self.errors:
+                    return await method(session.conn, *args)
+            finally:
+                sessions.unwatch(session)
         except Exception as exc:
-            if conn in connections.silenced:
-                error = self.errors.unavailable("stopped answering while the lock was awaited")
+            if session.silent:
+                # A wait ends here rather than retrying against a server that went silent.
+                error = self.errors.unavailable("stopped answering (the session is closed)")
                 error.retryable = False
                 raise error from exc
-            if until is not None and is_closed(conn) and loop.time() >= until + grace:
-                raise self.errors.unavailable("no answer within the acquire timeout") from exc
             raise
         finally:
-            connections.wait_ended(conn)
-            connections.unwatch(conn)
+            session.free()
 
-    async def arm_check(self, record: Hold) -> None:
-        """Before a wait on a connection without it: set client_connection_check_interval.
+    async def checked_token(self, session: Session, ttl: float, token: int) -> int:
+        """``token`` if it is one to hand out, else (a crash reset the sequence) a fresh one."""
+        if self.sequence is None or token >= FLOOR:
+            return token
+        await session.claim()
+        try:
+            async with self.errors, asyncio.timeout(max(request_window(ttl), 1.0)):
+                return await fresh_token(session.conn, self.table, self.sequence)
+        finally:
+            session.free()
 
-        A waiting session does not read its socket: without this check a
-        waiter whose client is gone (crashed, or closed the connection) stays
-        queued as a ghost until its turn comes. The server arms the check when
-        a statement starts, so it is set beforehand (one more round trip, on
-        the waiting path of a given pool only; asynclock's own pool sets it
-        once per connection).
-        """
-        if self.connections.checked or not self.pg14 or record.reset_check:
-            return
-        record.dirty = True
-        record.reset_check = True
-        async with self.errors, asyncio.timeout(record.ttl):
-            await record.conn.execute(_sql.SET_CHECK_INTERVAL.format(ms=CHECK_INTERVAL_MS))
+    async def settle(self, state: KeyState, keys: Collection[Key], claimed: Callable[[Session, Key], bool]) -> None:
+        """Let go of what a request cut short left: ``keys`` this client's sessions in ``state.unknown``
+        hold but that no hold claims (``claimed(session, key)``), then wake the first waiter (a
+        release cut short may not have). The caller has the key's turn."""
+        while state.unknown:
+            session = state.unknown[0]
+            if not session.gone:
+                await session.claim()
+                try:
+                    async with self.errors, asyncio.timeout(max(request_window(session.idle or 1.0), 1.0)):
+                        mine = await session.conn.fetch(_sql.MINE)
+                        for row in mine:
+                            key = (row["k1"], row["k2"])
+                            if key in keys and not claimed(session, key):
+                                await session.conn.fetchval(_sql.UNLOCK, *key, row["shared"])
+                        await session.conn.fetchval(self.sql.wake, *state.key, -1, None, None)
+                finally:
+                    session.free()
+            state.unknown.pop(0)
 
-    async def confirm(self, record: Hold, token: int, sent: float) -> Acquired:
-        """The grant of a wait sent at ``sent``, with a send time the lease may count from."""
-        loop = asyncio.get_running_loop()
-        confirmed = sent
-        if loop.time() - sent > record.ttl / 3:
-            # A long wait: the grant's own send time is too old to count the
-            # lease from. One ping on the lease connection, sent now, proves it.
-            confirmed = loop.time()
-            async with self.errors, asyncio.timeout_at(confirmed + record.ttl):
-                await record.conn.fetchval(_sql.PING)
-        return Acquired(token, confirmed_at=confirmed)
+    def settle_soon(self, state: KeyState, settle: Callable[[], Any]) -> None:
+        """Run ``settle`` (a coroutine function that takes the key's turn) in the background, bounded."""
 
-    @staticmethod
-    def _lock_timeout(until: float | None) -> str:
-        if until is None:
-            return "0"
-        return ms(max(until - asyncio.get_running_loop().time(), 0.001))
+        async def run() -> None:
+            try:
+                async with asyncio.timeout(10.0):
+                    await settle()
+            except CLIENT_ERRORS as exc:
+                logger.info("could not settle a PostgreSQL request cut short (%r); its session is closed", exc)
+                for session in state.unknown:
+                    with contextlib.suppress(Exception):
+                        session.conn.terminate()
+            except Exception as exc:  # noqa: BLE001 - an error of ours, translated: close the sessions
+                logger.info("could not settle a PostgreSQL request cut short (%r); its session is closed", exc)
+                for session in state.unknown:
+                    with contextlib.suppress(Exception):
+                        session.conn.terminate()
+
+        self.sessions.spawn(run())
