@@ -453,6 +453,123 @@ async def test_names_with_nul_and_unicode_are_distinct(pg: PostgresHarness) -> N
         await locks.lock(name).release()
 
 
+async def test_twenty_waiters_cost_no_connection_each_and_get_it_in_queue_order(pg: PostgresHarness) -> None:
+    # Twenty tasks of one client wait: twenty rows in the queue table, no
+    # session in a server lock wait, two connections for the whole client (its
+    # session and its listening one); the release hands the lock down the
+    # line in the order they queued.
+    holder = pg.connect(ttl=TTL)
+    waiter = pg.connect(ttl=TTL)
+    held = await holder.lock("twenty").acquire()
+    order: list[int] = []
+
+    async def wait_then_release(i: int) -> None:
+        lease = await waiter.lock("twenty").acquire(timeout=scaled(30), detached=True)
+        order.append(i)
+        await lease.release()
+
+    tasks = []
+    for i in range(20):
+        tasks.append(asyncio.create_task(wait_then_release(i)))
+        await queued(pg, "twenty", i + 1)
+    assert await pg.lock_waits() == 0
+    assert (await holder.lock("twenty").info()).waiters == 20
+    pool = postgres_backend(waiter).pool
+    assert pool is not None and pool.get_size() <= 2
+    await held.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), scaled(30))
+    assert order == list(range(20))
+    assert await waiting_on(pg, "twenty") == 0
+
+
+async def test_a_release_tells_one_waiter_to_try(pg: PostgresHarness) -> None:
+    # No herd: ten waiters of two clients, and each of the ten hand-overs
+    # sends one "try now" (to the first in line), whatever the queue's length.
+    holder = pg.connect(ttl=TTL)
+    waiters = [pg.connect(ttl=TTL) for _ in range(2)]
+    told: list[str] = []
+    for locks in waiters:
+        listener = postgres_backend(locks)._listener
+        real = listener.on_message
+
+        def counting(payload: str, real: Callable[[str], None] = real) -> None:
+            told.append(payload.split(" ", 1)[0])
+            real(payload)
+
+        listener.on_message = counting
+    held = await holder.lock("herd").acquire()
+
+    async def wait_then_release(locks: asynclock.Locks) -> None:
+        lease = await locks.lock("herd").acquire(timeout=scaled(30), detached=True)
+        await lease.release()
+
+    tasks = []
+    for i in range(10):
+        tasks.append(asyncio.create_task(wait_then_release(waiters[i % 2])))
+        await queued(pg, "herd", i + 1)
+    await held.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), scaled(30))
+    assert told.count("t") == 10
+    assert told.count("h") <= 10
+
+
+async def test_holds_share_sessions_and_a_sessions_end_loses_exactly_its_holds(pg: PostgresHarness) -> None:
+    # Thirty holds taken at once share at most max_leases sessions. Ending one
+    # session (pg_terminate_backend) loses the holds on it, each with a "lost"
+    # event (LockLost for a body under it) at once; the others keep theirs,
+    # on the server too.
+    events: list[asynclock.LockEvent] = []
+    # (a long ttl: only the session's end can lose a hold this soon)
+    locks = pg.connect(ttl=scaled(30), max_leases=3, on_event=events.append)
+    other = pg.connect(ttl=TTL)
+    names = [f"share-{i}" for i in range(30)]
+    leases = await asyncio.wait_for(
+        asyncio.gather(*(locks.lock(name).acquire(detached=True) for name in names)), scaled(10)
+    )
+    by_name = dict(zip(names, leases, strict=True))
+    on: dict[int, list[str]] = {}
+    for name in names:
+        pid = await pg.holder_pid(name)
+        assert pid is not None
+        on.setdefault(pid, []).append(name)
+    assert 2 <= len(on) <= 3, on  # shared (and, taken at once, by more than one session)
+    # a body running under a hold of the session that ends is cancelled, with LockLost
+    body = asyncio.create_task(_hold_a_while(locks, "body"))
+    await until(lambda: _held(pg, "body"), "the body holds its lock")
+    victim = await pg.holder_pid("body")
+    assert victim in on
+    gone = on[victim]
+    kept = [name for name in names if name not in gone]
+    await (await pg.admin()).fetchval("SELECT pg_terminate_backend($1)", victim)
+    for name in gone:
+        reason = await asyncio.wait_for(by_name[name].wait_lost(), scaled(5))
+        assert "closed" in reason
+    with pytest.raises(LockLost):
+        await asyncio.wait_for(body, scaled(5))
+    await asyncio.sleep(scaled(0.2))
+    lost = {event.name for event in events if event.kind == "lost"}
+    assert lost == {*gone, "body"}
+    for name in kept:
+        assert not by_name[name].lost
+        assert await pg.holder_pid(name) in on
+        with pytest.raises(LockTimeout):
+            await other.lock(name).acquire(timeout=0)
+    for name in gone:
+        async with other.lock(name, ttl=TTL):
+            pass
+    for name in kept:
+        await by_name[name].release()
+
+
+async def _hold_a_while(locks: asynclock.Locks, name: str) -> None:
+    async with locks.lock(name):
+        await asyncio.sleep(scaled(30))
+
+
+async def _held(pg: PostgresHarness, name: str) -> bool:
+    return await pg.holder_pid(name) is not None
+
+
 # -- hash collisions ---------------------------------------------------------
 
 

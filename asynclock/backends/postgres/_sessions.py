@@ -149,6 +149,7 @@ class Sessions:
         self._errors = errors
         self.sessions: list[Session] = []
         self._opening = 0
+        self._opened = asyncio.Event()  # set (and replaced) each time an opening ends
         #: Told when a session closed, with the holds it had.
         self.on_lost: Callable[[Session], None] = lambda session: None
         #: The application_name of the sessions (the client's id and the backend's).
@@ -242,14 +243,15 @@ class Sessions:
 
     async def get(self, ttl: float) -> Session:
         """A session for a request: an idle one, a new one while below ``max_leases``, else the least queued."""
-        session = self.idle_session()
-        if session is not None:
-            return session
-        if len(self.sessions) + self._opening < self.max_leases:
-            return await self.open(ttl)
-        if not self.sessions:  # every one is being opened: wait for them
-            return await self.open(ttl)
-        return min(self.sessions, key=lambda s: s.waiting)
+        while True:
+            session = self.idle_session()
+            if session is not None:
+                return session
+            if len(self.sessions) + self._opening < self.max_leases:
+                return await self.open(ttl)
+            if self.sessions:
+                return min(self.sessions, key=lambda s: s.waiting)
+            await self._opened.wait()  # every one is being opened: the first that is will do
 
     async def open(self, ttl: float) -> Session:
         """Open a session: its application_name and idle_session_timeout set, its closing watched."""
@@ -269,6 +271,8 @@ class Sessions:
                 raise
         finally:
             self._opening -= 1
+            self._opened.set()
+            self._opened = asyncio.Event()
         session.idle = ttl if self.pg14 else 0.0
         session.used_at = loop.time()
         session.on_close = lambda _conn: self._closed(session)
