@@ -32,6 +32,8 @@ __all__ = ["DEFAULT_MAX_LEASES", "PostgresBackend"]
 
 #: Sessions for holds when asynclock opens the pool itself (plus one that listens).
 DEFAULT_MAX_LEASES = 3
+#: States of keys kept while nothing is on them (a key taken again soon needs no new one).
+KEYS_KEPT = 1024
 
 _CLOSED = "the PostgreSQL backend is closed"
 _LOST = "the PostgreSQL connection holding the lock closed (terminated, restarted or cut off)"
@@ -227,7 +229,7 @@ class PostgresBackend:
     def _state(self, ref: LockRef) -> KeyState:
         key = self._main_key(ref)
         state = self._keys.get(key)
-        if state is None:
+        if state is None or (ref.kind == "semaphore" and len(state.slots) != ref.permits and state.idle):
             slots: frozenset[Key] = frozenset()
             if ref.kind == "semaphore":
                 highs, lows = slot_arrays(self._prefix, ref.name, ref.permits)
@@ -322,21 +324,29 @@ class PostgresBackend:
         finally:
             # A release that failed with the hold still queued is retried: keep it until then.
             if record.released or not (record.marked or record.ticket is not None):
-                await self._end(record)
+                if record.permits_key is None:
+                    self._forget(record)
+                else:
+                    await self._end(record)
 
     async def _end(self, record: Hold) -> None:
-        """``record`` is over: forget it (and its key's state once nothing else is on it)."""
-        if self._holds.get(record.hold) is record:
-            del self._holds[record.hold]
+        """``record`` is over: out of the queue, its permits key let go of, forgotten."""
         if record.marked or record.ticket is not None:
             await self._queue.leave(record)
         if record.permits_key is not None:
             # (at once: while it is held, the client's number of permits is in use)
             key, record.permits_key = record.permits_key, None
             await self._listener.let_go(key, request_window(record.ttl))
-        state = record.state
-        if state.idle and self._keys.get(state.key) is state:
-            del self._keys[state.key]
+        self._forget(record)
+
+    def _forget(self, record: Hold) -> None:
+        """Forget ``record``; past ``KEYS_KEPT`` keys, the states of keys nothing is on any more go too."""
+        if self._holds.get(record.hold) is record:
+            del self._holds[record.hold]
+        keys = self._keys
+        if len(keys) > KEYS_KEPT:
+            for key in [key for key, state in keys.items() if state.idle]:
+                del keys[key]
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
         """One ping per session (not per hold) proves every hold on it."""

@@ -23,6 +23,7 @@ from ._keys import Key, fence_row
 from ._queue import Queue
 from ._requests import Requests
 from ._sessions import Session, Sessions, ms
+from ._tokens import FLOOR
 
 __all__ = ["Grants"]
 
@@ -52,7 +53,10 @@ class Grants:
     async def try_acquire(self, record: Hold, enqueue: bool) -> Acquired | None:
         """Take the lock at once (Acquired), else None; with ``enqueue`` the hold is queued by then."""
         state = record.state
-        await state.enter()
+        if state.busy:
+            await state.enter()
+        else:
+            state.busy = True  # (its turn at once: no await on the common path)
         try:
             if state.unknown:
                 await self.settle(state)
@@ -101,7 +105,10 @@ class Grants:
         if value > 0:
             if not fast:
                 self._register(row)
-            return await self._granted(record, session, value, None)
+            if value < FLOOR and requests.sequence is not None:
+                return await self._granted(record, session, value, None)  # a crash reset the sequence
+            self._hold_on(record, session, value)
+            return Acquired(value)
         if value < 0:  # free, but waiters are queued: it let go again, and wakes the first
             await requests.run(session, ttl, _fetchval, sql.wake, k1, k2, -1, None, None)
         return None
@@ -217,7 +224,10 @@ class Grants:
     async def release(self, record: Hold) -> bool:
         """Give ``record`` up (or take it out of the queue); True only if it held the lock."""
         state, requests = record.state, self._requests
-        await state.enter()
+        if state.busy:
+            await state.enter()
+        else:
+            state.busy = True
         try:
             if not record.granted:
                 if record.marked or record.ticket is not None or record.queuing is not None:

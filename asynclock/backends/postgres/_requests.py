@@ -46,7 +46,10 @@ class Requests:
 
         ``method`` is an unbound asyncpg ``Connection`` method (``fetchval``...).
         """
-        await session.claim()
+        if session.busy:
+            await session.claim()
+        else:
+            session.busy = True  # (its turn at once: no await on the common path)
         sessions = self.sessions
         try:
             sessions.watch(session, asyncio.get_running_loop().time() + request_window(ttl))
