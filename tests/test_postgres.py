@@ -397,6 +397,7 @@ async def test_tokens_keep_increasing_after_a_server_crash(source: str) -> None:
                 for i, locks in enumerate(clients):
                     await hold(locks, "crash")
                     await hold(locks, f"own-{i}")
+            await hold(clients[0], "listed")  # registers the name (names() lists it while held)
             before = max(max(tokens) for tokens in history.values())
             server.restart(crash=True)
             async with asyncio.timeout(scaled(30)):
@@ -405,10 +406,14 @@ async def test_tokens_keep_increasing_after_a_server_crash(source: str) -> None:
                 )
             late = await stack.enter_async_context(tokens_from(asynclock.connect(server.url, ttl=TTL), source))
             await hold(late, "crash")
+            # the crash emptied the fence table: the name is registered again by its next hold
+            async with clients[0].lock("listed"):
+                assert await postgres_backend(late).names() == ["listed"]
         for name, tokens in history.items():
             assert tokens == sorted(set(tokens)), (name, tokens)
         after = [token for tokens in history.values() for token in tokens if token > before]
         assert len(after) == 7  # every hold after the crash: three of own names, four of "crash"
+        # (and "listed": held before the crash only, then once more, not recorded)
         if source == "sequence":
             assert min(after) >= FLOOR
         all_tokens = [token for tokens in history.values() for token in tokens]
@@ -511,6 +516,28 @@ async def test_a_release_tells_one_waiter_to_try(pg: PostgresHarness) -> None:
     await asyncio.wait_for(asyncio.gather(*tasks), scaled(30))
     assert told.count("t") == 10
     assert told.count("h") <= 10
+
+
+async def test_a_waiters_listening_session_ends_and_it_queues_again(pg: PostgresHarness) -> None:
+    # The listening session keeps its client's queue rows live. When it ends,
+    # those rows are dead (passed over), the session is opened again, and the
+    # waiter queues again under it: it still gets the lock at the release.
+    holder = pg.connect(ttl=TTL)
+    waiter = pg.connect(ttl=TTL)
+    held = await holder.lock("relisten").acquire()
+    task = asyncio.create_task(waiter.lock("relisten").acquire(timeout=scaled(10)))
+    await queued(pg, "relisten", 1)
+    listener = postgres_backend(waiter)._listener
+    first = listener.incarnation
+    await (await pg.admin()).fetchval("SELECT pg_terminate_backend($1)", listener.conn.get_server_pid())
+
+    async def queued_again() -> bool:
+        return listener.incarnation > first and await waiting_on(pg, "relisten") == 1
+
+    await until(queued_again, "the waiter queued again under a new listening session")
+    await held.release()
+    lease = await asyncio.wait_for(task, scaled(10))
+    assert lease.token is not None and held.token is not None and lease.token > held.token
 
 
 async def test_holds_share_sessions_and_a_sessions_end_loses_exactly_its_holds(pg: PostgresHarness) -> None:

@@ -88,7 +88,7 @@ class PostgresBackend:
         self._listener = Listener(self._sessions, self._errors, self._id)
         self._requests = Requests(self._sessions, self._errors)
         self._queue = Queue(self._requests, self._listener, self._sessions)
-        self._grants = Grants(self._requests, self._queue, self._sessions)
+        self._grants = Grants(self._requests, self._queue, self._sessions, self._listener)
         self._permits = Permits(self._requests, self._queue, self._sessions, self._listener, prefix)
         self._key_of: Callable[[str], Key] = lambda name: advisory_key(prefix, name)
         # What this client asks for, by key, and every acquisition from its first request to its end.

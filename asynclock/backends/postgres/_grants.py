@@ -20,6 +20,7 @@ from ..._errors import LockError
 from ...abc import Acquired
 from ._hold import Hold, KeyState
 from ._keys import Key, fence_row
+from ._listener import Listener
 from ._queue import Queue
 from ._requests import Requests
 from ._sessions import Session, Sessions, ms
@@ -42,11 +43,15 @@ def _waited_for_row(exc: BaseException) -> bool:
 class Grants:
     """Requests of locks and read-write sides."""
 
-    def __init__(self, requests: Requests, queue: Queue, sessions: Sessions) -> None:
+    def __init__(self, requests: Requests, queue: Queue, sessions: Sessions, listener: Listener) -> None:
         self._requests = requests
         self._queue = queue
         self._sessions = sessions
+        self._listener = listener
+        # Names whose fence row this backend wrote, while its listening session stays the same one:
+        # a crash, which empties the (unlogged) fence table, ends that session too.
         self._registered: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._registered_in = 0
 
     # -- taking --------------------------------------------------------------------------
 
@@ -87,6 +92,9 @@ class Grants:
         k1, k2 = state.key
         q1, q2 = state.marker
         row = fence_row(record.ref)
+        if self._registered_in != self._listener.incarnation:
+            self._registered.clear()
+            self._registered_in = self._listener.incarnation
         fast = sql.try_lock is not None and row in self._registered
         try:
             if fast:
@@ -119,6 +127,8 @@ class Grants:
         sql = requests.sql
         session = state.session
         assert session is not None
+        if session.idle < ttl and self._sessions.pg14:
+            await self._raise_idle(session, ttl)  # (its lease counts on the group's session)
         q1, q2 = state.marker
         if sql.join is not None:
             value = await requests.run(session, ttl, _fetchval, sql.join, q1, q2)
@@ -153,6 +163,8 @@ class Grants:
             else:
                 assert state.session is not None
                 session = state.session
+                if session.idle < ttl and sessions.pg14:
+                    await self._raise_idle(session, ttl)
             k1, k2 = state.key
             sent = asyncio.get_running_loop().time()
             try:
