@@ -551,10 +551,9 @@ async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skippe
     for subject in subjects:
         if not subject.key.startswith("asynclock-") or subject.key.endswith("-fair"):
             continue  # (the fair lock's watchdog is the same batching as the plain lock's)
-        if subject.backend == "postgres":
-            skipped["watchdog:asynclock-postgres"] = "not run: every PostgreSQL lease is its own server connection"
-            continue
-        sizes = plan.watchdog if subject.backend not in ("zookeeper", "etcd") else plan.watchdog[:1]
+        # (PostgreSQL: all the locks held at once share the server's lock table,
+        # max_locks_per_transaction x max_connections entries: 6,400 by default)
+        sizes = plan.watchdog if subject.backend not in ("zookeeper", "etcd", "postgres") else plan.watchdog[:1]
         for size in sizes:
             log(f"watchdog: {subject.key}, {size} leases, ttl {plan.watchdog_ttl}s")
             key = f"{subject.key}:{size}"
@@ -612,8 +611,9 @@ async def _watchdog_one(asynclock: Any, subject: Subject, servers: Servers, size
                 "cpu_share": cpu / wall,
                 "held_after": len(keeper),
             }
-            if subject.backend == "redis":
+            if subject.backend in ("redis", "postgres"):
                 row["round_trips_per_period"] = (Counter.value - wire) / periods
+            if subject.backend == "redis":
                 stats = counter[1]() if counter else {}
                 row["server_commands_per_period"] = sum(stats.values()) / periods
             elif subject.backend == "zookeeper" and counter:
