@@ -22,7 +22,7 @@ A hold is a *session-level advisory lock*; holds share a few sessions:
   could end the session. A session that closes (``pg_terminate_backend``,
   server restart, network) loses exactly its holds, at once.
 * The fencing token comes from an UNLOGGED sequence in the statement that
-  takes the lock (PostgreSQL 15+; before, a per-name counter row): see
+  takes the lock (PostgreSQL 15+; on older servers, a per-name counter row): see
   ``_tokens`` for how tokens keep increasing across a crash.
 * Names map to keys in the two-int advisory space (see ``_keys``). Two names
   whose keys collide share one lock: that can only add exclusion, never

@@ -41,9 +41,6 @@ from ._sessions import Sessions
 
 __all__ = ["Queue"]
 
-#: Deleting a row by its ticket. $1 ticket.
-_DELETE = "DELETE FROM {queue} WHERE ticket = $1"
-
 
 class Queue:
     """The queue of one backend's waiters."""
@@ -84,7 +81,7 @@ class Queue:
         if not listener.held(marker):  # (wanted since count_in: the marker goes before the row)
             await listener.mark_on(conn)
         if record.ticket is not None:  # a row of an ended listening session: dead already
-            await conn.execute(_DELETE.format(queue=sql.queue), record.ticket)
+            await conn.execute(sql.delete_row, record.ticket)
             record.ticket = None
         await listener.keep_alive_for(record.ttl, conn)
         k1, k2 = record.state.key

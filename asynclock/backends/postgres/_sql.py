@@ -242,8 +242,8 @@ HELD_NAMES = """
     ORDER BY f.name
 """
 
-#: The last token handed out for fence row $1 (token table). Returns (value).
-TOKEN_OF = "SELECT value FROM {table} WHERE name = $1"
+#: Delete a queue row (one of a listening session that ended: dead already). $1 ticket.
+DELETE_ROW = "DELETE FROM {queue} WHERE ticket = $1"
 
 
 def next_token(sequence: str) -> str:
@@ -255,8 +255,8 @@ class Statements:
     """The statements of one backend, with its tables' names and its token source filled in."""
 
     __slots__ = (
+        "delete_row",
         "enqueue",
-        "fence_first",
         "head",
         "held_names",
         "join",
@@ -265,9 +265,6 @@ class Statements:
         "queue",
         "queued",
         "release",
-        "sequence",
-        "table",
-        "token_of",
         "try_lock",
         "try_write",
         "wake",
@@ -275,7 +272,7 @@ class Statements:
 
     def __init__(self, table: str, queue: str, sequence: str | None, first_token: str) -> None:
         """``table``, ``queue``, ``sequence``: quoted names; ``sequence`` None: tokens from the table."""
-        self.table, self.queue, self.sequence, self.fence_first = table, queue, sequence, first_token
+        self.queue = queue
         if sequence is not None:
             token = next_token(sequence)
             fence, fence_join = _REGISTER.format(table=table, row=6), _REGISTER.format(table=table, row=5)
@@ -297,4 +294,4 @@ class Statements:
         self.leave = LEAVE.format(queue=queue)
         self.queued = QUEUED.format(queue=queue)
         self.held_names = HELD_NAMES.format(table=table)
-        self.token_of = TOKEN_OF.format(table=table)
+        self.delete_row = DELETE_ROW.format(queue=queue)
