@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from ..._errors import LockError
 from ..._timing import Backoff, request_window
 from . import _sql
 from ._errors import CLIENT_ERRORS, MapErrors
@@ -138,22 +139,40 @@ class Listener:
                 logger.info("PostgreSQL listening session not open again yet: %r", exc)
                 await asyncio.sleep(backoff.next())
 
-    async def statement(self, run: Callable[[Any], Awaitable[T]], within: float = ADMIN_TIMEOUT) -> T:
-        """Run ``run(conn)`` on the listening session (opened again if it ended, with its markers), one at a time."""
+    async def statement(
+        self, run: Callable[[Any], Awaitable[T]], within: float = ADMIN_TIMEOUT, *, changes: bool = False
+    ) -> T:
+        """Run ``run(conn)`` on the listening session (opened again if it ended, with its markers), one at a time.
+
+        ``changes``: it changes queue rows or markers. If it fails, its outcome is
+        unknown (a row left in, a marker taken): the session is closed, which
+        kills this client's rows and markers at once, and its waiters queue again.
+        """
         async with self._lock:
             if not self.alive:
                 await self.open()
-                async with self._errors, asyncio.timeout(within):
-                    await self.mark_on(self.conn)
+                try:
+                    async with self._errors, asyncio.timeout(within):
+                        await self.mark_on(self.conn)
+                except BaseException:
+                    terminate(self.conn)
+                    raise
+            conn = self.conn
             try:
                 async with self._errors, asyncio.timeout(within):
-                    return await run(self.conn)
+                    return await run(conn)
+            except BaseException:
+                if changes:
+                    logger.info("closing the PostgreSQL listening session: a change to its queue rows was cut short")
+                    terminate(conn)
+                raise
             finally:
                 self._last = asyncio.get_running_loop().time()
 
     async def job(self, run: Callable[[Any], Awaitable[T]], within: float = ADMIN_TIMEOUT) -> T:
-        """``statement`` in a task of its own: a caller that gives up does not cut it in half."""
-        task = self._sessions.spawn(self.statement(run, within))
+        """A ``statement`` that changes queue rows or markers, in a task of its own: a caller
+        that gives up does not cut it in half."""
+        task = self._sessions.spawn(self.statement(run, within, changes=True))
         return await asyncio.shield(task)
 
     # -- markers ------------------------------------------------------------------------
@@ -185,15 +204,15 @@ class Listener:
             return
         self._want.pop(key, None)
         if key in self._held:
-            with contextlib.suppress(*CLIENT_ERRORS, asyncpg.PostgresError):
+            with contextlib.suppress(LockError, *CLIENT_ERRORS):
                 await self.job(lambda conn: self.mark_on(conn), within=within)
 
     def held(self, key: Key) -> bool:
         return key in self._held
 
     async def _mark(self) -> None:
-        with contextlib.suppress(*CLIENT_ERRORS, asyncpg.PostgresError):
-            await self.statement(lambda conn: self.mark_on(conn))
+        with contextlib.suppress(LockError, *CLIENT_ERRORS):
+            await self.statement(lambda conn: self.mark_on(conn), changes=True)
 
     async def mark_on(self, conn: Any) -> None:
         """Take the wanted keys not held yet, let go of the held ones not wanted, in one statement each."""
@@ -229,7 +248,7 @@ class Listener:
         self._keepalive = loop.call_later(period, self._ping_due)
 
     async def _ping(self, period: float) -> None:
-        with contextlib.suppress(*CLIENT_ERRORS, asyncpg.PostgresError):
+        with contextlib.suppress(LockError, *CLIENT_ERRORS):
             await self.statement(lambda conn: conn.fetchval(_sql.PING), within=max(request_window(self._idle), period))
 
     # -- closing ----------------------------------------------------------------------------

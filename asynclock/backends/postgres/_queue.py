@@ -71,7 +71,9 @@ class Queue:
         self.count_in(record)
         task = record.queuing
         if task is None or task.done():
-            task = record.queuing = self._sessions.spawn(self._listener.statement(lambda conn: self._put(conn, record)))
+            task = record.queuing = self._sessions.spawn(
+                self._listener.statement(lambda conn: self._put(conn, record), changes=True)
+            )
         await asyncio.shield(task)
 
     async def _put(self, conn: Any, record: Hold) -> None:
