@@ -49,11 +49,15 @@ class Queue:
         self._requests = requests
         self._listener = listener
         self._sessions = sessions
+        #: local holds queued (or on their way in), for every key
+        self.waiting = 0
+        sessions.waiters = lambda: self.waiting > 0
 
     def count_in(self, record: Hold) -> None:
         """``record`` is to wait: it counts as a local waiter of its key, and in the key's marker."""
         if not record.marked:
             record.marked = True
+            self.waiting += 1
             record.state.waiting += 1
             self._listener.want(record.state.marker)
             if record.woken is None:
@@ -63,6 +67,7 @@ class Queue:
         """``record`` waits no more (granted, or gone)."""
         if record.marked:
             record.marked = False
+            self.waiting -= 1
             record.state.waiting -= 1
             self._listener.drop(record.state.marker)
 

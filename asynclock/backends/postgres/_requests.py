@@ -52,7 +52,8 @@ class Requests:
             session.busy = True  # (its turn at once: no await on the common path)
         sessions = self.sessions
         try:
-            sessions.watch(session, asyncio.get_running_loop().time() + request_window(ttl))
+            session.used_at = now = asyncio.get_running_loop().time()
+            sessions.watch(session, now + request_window(ttl))
             try:
                 with self.errors:
                     return await method(session.conn, *args)

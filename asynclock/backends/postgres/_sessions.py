@@ -19,7 +19,8 @@ a few connections, not a thousand:
   the session of a request unanswered by its bound, which fails the request
   and ends the session, with its locks.
 * A session without holds for ``PARK_TIME`` goes back to the pool with
-  nothing of asynclock's left on it.
+  nothing of asynclock's left on it (one stays while the client has waiters:
+  their tries run on it).
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ class Sessions:
         self._opened = asyncio.Event()  # set (and replaced) each time an opening ends
         #: Told when a session closed, with the holds it had.
         self.on_lost: Callable[[Session], None] = lambda session: None
+        #: Whether the client has waiters: then one session stays, for their tries.
+        self.waiters: Callable[[], bool] = lambda: False
         #: The application_name of the sessions (the client's id and the backend's).
         self.client = "?"
         self.backend = "?"
@@ -305,8 +308,12 @@ class Sessions:
         loop = asyncio.get_running_loop()
         now = loop.time()
         later = math.inf
+        keep = self.waiters()
         for session in list(self.sessions):
             if session.holds or session.busy:
+                continue
+            if keep and len(self.sessions) == 1:
+                later = min(later, now + PARK_TIME)  # the waiters' tries need it
                 continue
             if now - session.used_at >= PARK_TIME:
                 self.sessions.remove(session)
