@@ -159,10 +159,12 @@ PG_WORK_SQL = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS xid
 
 
 def process_tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) used so far by the process ``root`` and its children
-    (a PostgreSQL postmaster and every backend it forked); 0 where /proc is missing."""
+    """CPU seconds used so far by the process ``root`` and its children (a PostgreSQL
+    postmaster and every backend it forked): the scheduler's own count where the
+    kernel shows it (``/proc/PID/sched``, µs), else user + system clock ticks; 0
+    where /proc is missing."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    total = 0
+    total = 0.0
     with contextlib.suppress(OSError):
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -172,9 +174,22 @@ def process_tree_cpu(root: int) -> float:
                     fields = stat.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue  # ended meanwhile
-            if int(entry) == root or int(fields[1]) == root:
-                total += int(fields[11]) + int(fields[12])
-    return total / tick
+            if int(entry) != root and int(fields[1]) != root:
+                continue
+            total += _scheduled(entry) or (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _scheduled(pid: str) -> float | None:
+    """Seconds on a CPU, from ``/proc/PID/sched`` (None where the kernel does not show it)."""
+    try:
+        with open(f"/proc/{pid}/sched") as sched:
+            for line in sched:
+                if line.startswith("se.sum_exec_runtime"):
+                    return float(line.split(":", 1)[1]) / 1000
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def server_counter(servers: Servers, backend: str) -> tuple[Any, Any] | None:
