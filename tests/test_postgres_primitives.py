@@ -217,6 +217,43 @@ async def test_fair_waiters_of_many_clients_get_it_in_queue_order(pg: PostgresHa
 # -- read-write lock --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("source", ["sequence", "table"])
+async def test_the_read_holds_of_one_client_share_one_shared_lock(pg: PostgresHarness, source: str) -> None:
+    # Two tasks of one client read: one shared lock on the server for both (a
+    # session must never take what it holds again), each with its own token;
+    # the lock goes when the last of them releases. The same when both were
+    # queued behind a writer: the second joins the first's lock from the queue.
+    readers, writer = tokens_from(pg.connect(ttl=TTL), source), tokens_from(pg.connect(ttl=TTL), source)
+    key = rw_key(pg.prefix, "shared")
+
+    async def shared_rows() -> list[tuple[int, bool, str]]:
+        return [row for row in await lock_rows(pg, key) if row[1]]
+
+    first = await readers.rw_lock("shared").read.acquire(timeout=0, detached=True)
+    second = await readers.rw_lock("shared").read.acquire(timeout=0, detached=True)
+    assert first.token is not None and second.token is not None and second.token > first.token
+    assert [mode for _, _, mode in await shared_rows()] == ["ShareLock"]
+    assert len((await writer.rw_lock("shared").read.info()).holders) == 2
+    await first.release()
+    assert len(await shared_rows()) == 1  # the second read hold keeps it
+    await second.release()
+    assert await shared_rows() == []
+    # behind a writer: both queue, then share one lock again
+    write = await writer.rw_lock("shared").write.acquire(detached=True)
+    waiting = [
+        asyncio.create_task(readers.rw_lock("shared").read.acquire(timeout=scaled(10), detached=True)) for _ in range(2)
+    ]
+    await in_queue(pg, key, 2)
+    await write.release()
+    leases = await asyncio.wait_for(asyncio.gather(*waiting), scaled(10))
+    assert [mode for _, _, mode in await shared_rows()] == ["ShareLock"]
+    tokens = [lease.token for lease in leases]
+    assert None not in tokens and len(set(tokens)) == 2 and min(tokens) > (write.token or 0)  # type: ignore[type-var]
+    for lease in leases:
+        await lease.release()
+    assert await shared_rows() == []
+
+
 async def test_a_writer_gets_in_through_a_stream_of_readers(pg: PostgresHarness) -> None:
     readers = [pg.connect(ttl=TTL) for _ in range(4)]
     writer, late = pg.connect(ttl=TTL), pg.connect(ttl=TTL)
