@@ -207,6 +207,7 @@ class PostgresBackend:
 
     async def _set_up(self) -> None:
         sessions = self._sessions
+        sessions.loop = asyncio.get_running_loop()
         if sessions.pool is None:
             await sessions.open_pool()
         table, queue = quote_table(self._table), quote_table(self._table, "_queue")

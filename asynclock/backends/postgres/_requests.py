@@ -52,20 +52,27 @@ class Requests:
             session.busy = True  # (its turn at once: no await on the common path)
         sessions = self.sessions
         try:
-            session.used_at = now = asyncio.get_running_loop().time()
-            sessions.watch(session, now + request_window(ttl))
+            # (the client's loop, kept: asking asyncio for the running one costs a system call)
+            session.used_at = now = (sessions.loop or asyncio.get_running_loop()).time()
+            deadline = now + request_window(ttl)
+            inflight = sessions.inflight
+            inflight[session] = deadline
+            if deadline < sessions.watch_at:
+                sessions.watch(session, deadline)
             try:
-                with self.errors:
-                    return await method(session.conn, *args)
+                return await method(session.conn, *args)
             finally:
-                sessions.unwatch(session)
-        except Exception as exc:
+                inflight.pop(session, None)
+        except CLIENT_ERRORS as exc:
             if session.silent:
                 # A wait ends here rather than retrying against a server that went silent.
                 error = self.errors.unavailable("stopped answering (the session is closed)")
                 error.retryable = False
                 raise error from exc
-            raise
+            translated = self.errors.translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
         finally:
             session.free()
 

@@ -161,11 +161,15 @@ class Sessions:
         #: PostgreSQL 14+: idle_session_timeout.
         self.pg14 = True
         # Hot requests in flight: session -> loop time by which it must have answered.
-        self._inflight: dict[Session, float] = {}
+        self.inflight: dict[Session, float] = {}
         self._watch: asyncio.TimerHandle | None = None
-        self._watch_at = math.inf
+        self.watch_at = math.inf
         self._sweep: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        #: The event loop of this client's requests (set by the first; a client belongs to one loop).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        #: A session was closed for not answering, and none has been opened since.
+        self.silenced = False
         # Connections given back clean and not taken again: a checkout needs no connect.
         self._returned_clean = 0
 
@@ -206,9 +210,13 @@ class Sessions:
             except BackendUnavailable as exc:
                 if not isinstance(exc.__cause__, TimeoutError):
                     raise
-                raise self._errors.unavailable(
-                    f"timed out after {loop.time() - started:.1f} s getting a connection"
-                ) from exc.__cause__
+                took = f"{loop.time() - started:.1f} s"
+                if self.silenced:
+                    # A session was closed for not answering: it is the server that went silent.
+                    error = self._errors.unavailable(f"stopped answering (no connection within {took})")
+                    error.retryable = False  # type: ignore[attr-defined]
+                    raise error from exc.__cause__
+                raise self._errors.unavailable(f"timed out after {took} getting a connection") from exc.__cause__
         except BaseException:
             if task.done():
                 if not task.cancelled() and task.exception() is None:
@@ -276,6 +284,7 @@ class Sessions:
             self._opening -= 1
             self._opened.set()
             self._opened = asyncio.Event()
+        self.silenced = False
         session.idle = ttl if self.pg14 else 0.0
         session.used_at = loop.time()
         session.on_close = lambda _conn: self._closed(session)
@@ -293,12 +302,12 @@ class Sessions:
         session.gone = True
         if session in self.sessions:
             self.sessions.remove(session)
-        self._inflight.pop(session, None)
+        self.inflight.pop(session, None)
         self.on_lost(session)
 
     def used(self, session: Session) -> None:
         """``session`` has no holds left: it goes back to the pool unless used again within ``PARK_TIME``."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop or asyncio.get_running_loop()
         session.used_at = loop.time()
         if self._sweep is None:
             self._sweep = loop.call_later(PARK_TIME, self._sweep_unused)
@@ -339,28 +348,28 @@ class Sessions:
         The caller calls ``unwatch`` once answered. A closed session fails the
         request (BackendUnavailable at the edge) and ends, with its locks.
         """
-        self._inflight[session] = deadline
-        if deadline < self._watch_at:
+        self.inflight[session] = deadline
+        if deadline < self.watch_at:
             if self._watch is not None:
                 self._watch.cancel()
-            self._watch_at = deadline
+            self.watch_at = deadline
             self._watch = asyncio.get_running_loop().call_at(deadline, self._check_inflight)
 
     def unwatch(self, session: Session) -> None:
-        self._inflight.pop(session, None)
+        self.inflight.pop(session, None)
 
     def _check_inflight(self) -> None:
-        self._watch, self._watch_at = None, math.inf
+        self._watch, self.watch_at = None, math.inf
         now = asyncio.get_running_loop().time()
-        for session, deadline in list(self._inflight.items()):
+        for session, deadline in list(self.inflight.items()):
             if deadline <= now:
-                del self._inflight[session]
+                del self.inflight[session]
                 logger.info("closing a PostgreSQL session whose request went unanswered in time")
-                session.silent = True
+                session.silent = self.silenced = True
                 terminate(session.conn)
-        if self._inflight:
-            earliest = min(self._inflight.values())
-            self._watch_at = earliest
+        if self.inflight:
+            earliest = min(self.inflight.values())
+            self.watch_at = earliest
             self._watch = asyncio.get_running_loop().call_at(earliest, self._check_inflight)
 
     # -- background and closing -------------------------------------------------------
@@ -379,7 +388,7 @@ class Sessions:
             if timer is not None:
                 timer.cancel()
         self._watch = self._sweep = None
-        self._watch_at = math.inf
+        self.watch_at = math.inf
         for session in self.sessions:
             if session.holds or session.busy:
                 session.gone = True
