@@ -214,7 +214,7 @@ class Sessions:
                 if self.silenced:
                     # A session was closed for not answering: it is the server that went silent.
                     error = self._errors.unavailable(f"stopped answering (no connection within {took})")
-                    error.retryable = False  # type: ignore[attr-defined]
+                    error.retryable = False
                     raise error from exc.__cause__
                 raise self._errors.unavailable(f"timed out after {took} getting a connection") from exc.__cause__
         except BaseException:
