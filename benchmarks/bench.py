@@ -66,6 +66,9 @@ QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2, 1, 20,
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of seconds (numbers are not meaningful)")
+    parser.add_argument(
+        "--check", action="store_true", help="exit with status 1 when a target measured in this run is missed"
+    )
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from %(default)s")
     parser.add_argument("--no-peers", action="store_true", help="asynclock and the raw floors only")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from %(default)s")
@@ -166,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     chart = report.chart(results, out / "latest.png")
     print(table)
     print(f"\nwrote {json_path}, {out / 'latest.md'}" + (f", {chart}" if chart else " (no chart: matplotlib missing)"))
+    if args.check:
+        status, summary = report.verdict(results["targets"])
+        print(f"\n{summary}")
+        return status
     return 0
 
 

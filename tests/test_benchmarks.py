@@ -94,8 +94,8 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
     assert handover.get("asynclock-redis") == {"elections": False} or "asynclock-redis:2" in handover
 
     targets = {t["target"]: t for t in results["targets"]}
-    assert targets["Redis acquire+release / raw floor"]["met"] in (True, False)
-    assert targets["ZooKeeper acquire+release / raw floor"]["met"] is None  # not run here
+    assert targets["asynclock redis://: uncontended acquire+release / raw floor"]["met"] in (True, False)
+    assert targets["ZooKeeper uncontended acquire+release / raw floor"]["met"] is None  # not run here
 
 
 @pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL not installed")
@@ -173,3 +173,26 @@ def test_quick_run_measures_etcd_against_its_raw_floor(tmp_path: Path) -> None:
 
     targets = {t["target"]: t for t in results["targets"]}
     assert targets["etcd acquire+release / raw floor"]["met"] in (True, False)
+
+
+def test_verdict_fails_the_run_only_on_a_measured_miss() -> None:
+    from benchmarks import report
+
+    unc = {"raw-redis": {"median_us": 100.0}, "asynclock-redis": {"ratio_to_floor": 1.02, "commands_per_acq": 6.0}}
+    checks = report.targets({"uncontended": unc})
+    by_name = {c["target"]: c for c in checks}
+    assert by_name["asynclock redis://: uncontended acquire+release / raw floor"]["met"] is True
+    assert by_name["asynclock redis://: server commands per uncontended pair"]["met"] is True
+    assert by_name["PostgreSQL uncontended acquire+release / raw floor"]["met"] is None
+    status, summary = report.verdict(checks)
+    assert status == 0 and summary.startswith("targets: 0 missed, ")
+
+    unc["asynclock-redis"]["ratio_to_floor"] = 1.2
+    status, summary = report.verdict(report.targets({"uncontended": unc}))
+    assert status == 1
+    assert "1 missed (asynclock redis://: uncontended acquire+release / raw floor)" in summary
+
+    # connections count only when every lock was held: a refused hold takes none, so it cannot pass
+    partial = {"connections": {"hold_many": {"asked": 1000, "held": 990, "connections": 2}}}
+    status, summary = report.verdict(report.targets(partial))
+    assert status == 1 and "PostgreSQL connections for 1,000 held locks" in summary
