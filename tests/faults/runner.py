@@ -139,6 +139,22 @@ class ZooKeeperTarget(Target):
             await admin.close()
 
 
+class EtcdTarget(Target):
+    kind = "etcd"
+    #: etcd counts a lease's TTL in whole seconds (at least one): a dead client's keys
+    #: last up to that, for the short ttls of these runs up to twice the ttl
+    lease_factor = 2.0
+
+    async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
+        from tests.harness_etcd import AdminClient
+
+        admin = AdminClient(urlsplit(self.url).netloc.rsplit("@", 1)[-1])
+        try:
+            return [kv.key.decode(errors="replace") for kv in await admin.keys(f"{prefix}/")]
+        finally:
+            await admin.close()
+
+
 class PostgresTarget(Target):
     kind = "postgres"
 
@@ -231,6 +247,8 @@ def target_for(url: str, server: ServerProcess | None = None) -> Target:
         return ZooKeeperTarget(url, server)
     if scheme in ("postgresql", "postgres"):
         return PostgresTarget(url, server)
+    if scheme in ("etcd", "etcds"):
+        return EtcdTarget(url, server)
     raise ValueError(f"no fault target for {url!r}")
 
 
