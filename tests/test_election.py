@@ -1,4 +1,4 @@
-"""Leader election in the front, on every backend that has it (memory://, etcd;
+"""Leader election in the front, on every backend that has it (memory://, etcd, Redis;
 the ZooKeeper specifics are in ``test_election_zookeeper.py``, etcd's ``etcdctl elect``
 interop in ``test_etcd.py``, the model of ``observe()`` in ``test_model_election.py``).
 
@@ -39,7 +39,7 @@ TTL = scaled(0.5)
 #: a bound far below a long ttl: what passes within it did not wait for an expiry
 PROMPT = scaled(0.5)
 #: the backends with elections that these tests run on (ZooKeeper's are in their own file)
-ELECTING = ["memory", "etcd"]
+ELECTING = ["memory", "etcd", "redis"]
 
 
 @pytest.fixture
@@ -444,21 +444,22 @@ async def test_a_frozen_leader_is_replaced_and_finds_its_term_lost_when_it_resum
 
 
 @pytest.mark.parametrize(
-    "url",
+    ("url", "why"),
     [
-        "postgresql://me@127.0.0.1:1/db",
-        "redis://127.0.0.1:1/0",
-        "redis+cluster://127.0.0.1:1",
-        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+        ("postgresql://me@127.0.0.1:1/db", ""),
+        ("redis+cluster://127.0.0.1:1", "a Cluster shard cannot route"),
+        ("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "independent nodes keep neither"),
     ],
 )
-async def test_a_backend_without_elections_refuses_before_any_io(url: str) -> None:
-    """Port 1 answers nothing: a refusal there can only come from the front, before any I/O."""
+async def test_a_backend_without_elections_refuses_before_any_io(url: str, why: str) -> None:
+    """Port 1 answers nothing: a refusal there can only come from the front, before any I/O;
+    it says why where the backend cannot have them."""
     locks = asynclock.connect(url)
     try:
         with pytest.raises(
             NotImplementedError, match=re.escape(f"the {locks.backend.kind} backend does not provide leader")
-        ):
+        ) as refused:
             locks.election("e")
+        assert why in str(refused.value)
     finally:
         await locks.aclose()

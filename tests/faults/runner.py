@@ -70,12 +70,13 @@ class Target:
 
 async def redis_leftovers(admin: aioredis.Redis, prefix: str) -> list[str]:
     """What is still held or queued under ``prefix``: every key but what released locks keep of
-    their fencing tokens (a ``:fence`` counter, a plain lock's ``:x`` holding only its last token)."""
+    their fencing tokens (a ``:fence`` counter, a plain lock's ``:x`` or an election's ``:e``
+    holding only its last token)."""
     left = []
     async for key in admin.scan_iter(match=f"{prefix}:*"):
         if key.endswith(b":fence"):
             continue
-        if key.endswith(b":x"):
+        if key.endswith((b":x", b":e")):
             value = await admin.get(key)
             if value is not None and b" " not in value:
                 continue
