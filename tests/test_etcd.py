@@ -193,6 +193,30 @@ async def test_asynclock_holds_and_etcdctl_waits_until_the_release(
     assert out.decode().startswith(f"got {lock.key}/")
 
 
+# -- the semaphore's permits, one number per semaphore ------------------------------------
+
+
+async def test_a_semaphore_whose_permits_are_all_taken_refuses_another_number_before_waiting(
+    harness: EtcdHarness,
+) -> None:
+    """Each lease key records its client's permits. A client asking with fewer, when every
+    permit it knows of is taken (it would queue), is refused at once, and leaves no key."""
+    first, second, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    admin = await harness.admin()
+    sem = first.semaphore("gpu", permits=2)
+    async with sem, second.semaphore("gpu", permits=2):
+        leases = await admin.keys(f"{sem.key}/leases/")
+        values = [(await admin.client.range(range_request(kv.key), 5.0)).kvs[0].value for kv in leases]
+        assert values == [b"asynclock permits=2"] * 2
+        with pytest.raises(ValueError, match=r"permits=2.*permits=1"):
+            await asyncio.wait_for(other.semaphore("gpu", permits=1).acquire(), scaled(5))
+        assert len(await admin.keys(f"{sem.key}/leases/")) == 2
+        assert await admin.keys(f"{sem.key}/locks/") == []
+    async with other.semaphore("gpu", permits=1):  # nobody uses it any more: a new number is fine
+        with pytest.raises(ValueError, match=r"permits=1.*permits=2"):
+            await sem.acquire(timeout=0)
+
+
 # -- elections: etcd's concurrency.Election, with etcdctl elect -----------------------------
 
 

@@ -85,7 +85,7 @@ from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Que
 from . import _recipe
 from ._channel import TlsOptions
 from ._client import EtcdClient
-from ._describe import describe, lock_names
+from ._describe import check_permits, describe, lock_names
 from ._election import EtcdLeaderWatch, read_leader
 from ._queue import Node, Queue
 from ._recipe import Layout
@@ -399,6 +399,8 @@ class EtcdBackend:
             permits = ref.permits
             node = Node(ref.name, hold, ttl, lambda lease: _recipe.semaphore_lease(key, lease, serial, permits))
             node.mutex = Node(ref.name, hold, ttl, lambda lease: _recipe.semaphore_mutex(key, lease, serial))
+            leases = f"{key}/leases/".encode()
+            node.verify = lambda: check_permits(self._client, ref.name, leases, permits, self._session.window())
         self._nodes[hold] = node
         return node
 

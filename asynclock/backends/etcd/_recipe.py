@@ -55,7 +55,11 @@ first takes the mutex ``locks/`` (the Mutex rule, with a key per
 acquisition), then puts its ``leases/<key>`` and holds once at most
 ``permits`` leases were created up to its own; the one waiter that holds the
 mutex watches the ``leases/`` range for deletions (no herd), and lets the
-mutex go once it holds.
+mutex go once it holds. A lease key holds ``asynclock permits=<N>``, the
+permits its client asked for: a contender that holds the mutex, before it
+puts its lease key, reads the first one, and refuses (ValueError) a number
+that differs; every lease key was checked that way under the mutex, so the
+first speaks for them all.
 
 Fencing token: the create revision of the key that holds. Revisions are
 etcd's, persisted with its data; they grow with every write of the whole
@@ -239,8 +243,23 @@ def semaphore_mutex(sem_key: str, lease: int, serial: int) -> Contender:
     return Contender(directory, key, lease, last_before(directory), _wait_for_it, reads_owner=True)
 
 
+#: What a semaphore's lease key holds before the number of permits its client asked for.
+_PERMITS = b"asynclock permits="
+
+
+def permits_of(value: bytes) -> int | None:
+    """The permits a semaphore's lease key records, or None (one that records none)."""
+    if not value.startswith(_PERMITS):
+        return None
+    try:
+        return int(value[len(_PERMITS) :])
+    except ValueError:
+        return None
+
+
 def semaphore_lease(sem_key: str, lease: int, serial: int, permits: int) -> Contender:
-    """A semaphore lease: holds once at most ``permits`` leases were created up to it."""
+    """A semaphore lease: holds once at most ``permits`` leases were created up to it; its
+    key records ``permits``."""
     directory = f"{sem_key}/leases/".encode()
     key = directory + _unique(lease, serial).encode()
     end = prefix_end(directory)
@@ -253,7 +272,7 @@ def semaphore_lease(sem_key: str, lease: int, serial: int, permits: int) -> Cont
             return True, None
         return False, (directory, end)
 
-    return Contender(directory, key, lease, blocker, decide)
+    return Contender(directory, key, lease, blocker, decide, value=_PERMITS + str(permits).encode())
 
 
 def rw_holders(contenders: list[KeyValue], rw_key: str) -> list[KeyValue]:
