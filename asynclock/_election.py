@@ -124,9 +124,9 @@ class Election:
 
     def __init__(self, locks: Locks, name: str, identity: str | None, ttl: float) -> None:
         backend = locks._backend
+        backend.check_kind("election")  # (a backend without elections may say why)
         if not isinstance(backend, Elects):
             raise unsupported(backend.kind, "election", "see the docs' backends table for those that have it")
-        backend.check_kind("election")
         self._locks = locks
         self.name = name
         self.ttl = ttl
@@ -246,9 +246,9 @@ class Election:
         new one after each change: a resign, a loss (a leader whose process
         died is seen gone when the server drops its hold), a first candidate.
         No polling and no candidacy needed. Where the backend reports every
-        change (memory://) every term is seen; where it reports only that
-        something changed (ZooKeeper's watches), terms that begin and end
-        between two looks are not. The iteration ends when the client is
+        change (memory://, etcd's watch while it lasts) every term is seen;
+        where it reports only that something changed (ZooKeeper's watches,
+        Redis's messages), terms that begin and end between two looks are not. The iteration ends when the client is
         closed, and raises :class:`BackendUnavailable` when the server stays
         unreachable for a ttl. Leaving the loop early leaves nothing running.
         """

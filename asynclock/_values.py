@@ -109,9 +109,9 @@ class Leader:
 
     identity: str
     """The leader's identity (the ``identity=`` of its ``locks.election(...)``, by default ``host:pid:task``;
-    a Curator LeaderLatch's participant id on ZooKeeper)."""
+    a Curator LeaderLatch's participant id on ZooKeeper, a Go Election's proposal on etcd)."""
     token: int | None
     """The fencing token of its term: strictly greater than every earlier term's of that election."""
     since: float | None
     """When the term began, in seconds since the epoch by the server's (memory: this process's) clock;
-    None where the backend keeps no record of it (ZooKeeper)."""
+    None where the backend keeps no record of it (ZooKeeper, etcd, Redis)."""

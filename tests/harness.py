@@ -68,15 +68,16 @@ class RedisHarness(Harness):
 
     async def leftovers(self) -> list[str]:
         """Every key of the prefix but what a released lock keeps of its fencing
-        tokens: a lock held or queued for (``<prefix>:{name}:x`` holding a hold,
-        ``…:x:q``), and the read-write lock's and semaphore's holds, queues and
-        waiting entries (``<prefix>:{name}:rw|sem[:data|:queue|:waiting]``)."""
+        tokens: a lock or election held or queued for (``<prefix>:{name}:x`` or
+        ``…:e`` holding a hold, ``…:x:q``, ``…:e:q``), and the read-write lock's
+        and semaphore's holds, queues and waiting entries
+        (``<prefix>:{name}:rw|sem[:data|:queue|:waiting]``)."""
         keys = [k.decode() async for k in self.admin.scan_iter(match=f"{self.prefix}:*")]
         left = []
         for key in keys:
             if key.endswith(":fence"):
                 continue
-            if key.endswith(":x"):
+            if key.endswith((":x", ":e")):
                 value = await self.admin.get(key)
                 if value is not None and b" " not in value:  # free: only the last token
                     continue
@@ -85,8 +86,8 @@ class RedisHarness(Harness):
 
     async def expire_shape(self, kind: str, name: str) -> bool:
         """Drop every hold of the primitive ``kind`` of ``name`` (its queue stays), with no message."""
-        if kind in ("lock", "fair"):
-            key = f"{self.prefix}:{{{name}}}:x"
+        if kind in ("lock", "fair", "election"):
+            key = f"{self.prefix}:{{{name}}}:{'e' if kind == 'election' else 'x'}"
             value = await self.admin.get(key)
             return value is not None and b" " in value and bool(await self.admin.delete(key))
         family = {"read": "rw", "write": "rw", "semaphore": "sem"}[kind]

@@ -76,6 +76,9 @@ class EtcdHarness(Harness):
             return await self.expire(name)
         admin = await self.admin()
         key = self._keys.lock_key(LockRef(kind, name))  # type: ignore[arg-type]
+        if kind == "election":
+            leader = (await admin.keys(f"{key}/"))[:1]
+            return bool(leader) and await admin.delete(leader[0].key)
         if kind == "semaphore":
             holders = await admin.keys(f"{key}/leases/")  # every lease: any permit count
         else:

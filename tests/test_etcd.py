@@ -17,7 +17,8 @@ import pytest
 import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockLost
 from asynclock.abc import LockRef
-from asynclock.backends.etcd import EtcdBackend
+from asynclock.backends.etcd import EtcdBackend, _watch
+from asynclock.backends.etcd._wire import range_request
 from tests.harness import eventually
 from tests.harness_etcd import AdminClient, EtcdHarness
 from tests.servers import free_port, scaled
@@ -190,6 +191,190 @@ async def test_asynclock_holds_and_etcdctl_waits_until_the_release(
     out, err = await asyncio.wait_for(proc.communicate(), scaled(10))
     assert proc.returncode == 0, err
     assert out.decode().startswith(f"got {lock.key}/")
+
+
+# -- the semaphore's permits, one number per semaphore ------------------------------------
+
+
+async def test_a_semaphore_whose_permits_are_all_taken_refuses_another_number_before_waiting(
+    harness: EtcdHarness,
+) -> None:
+    """Each lease key records its client's permits. A client asking with fewer, when every
+    permit it knows of is taken (it would queue), is refused at once, and leaves no key."""
+    first, second, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    admin = await harness.admin()
+    sem = first.semaphore("gpu", permits=2)
+    async with sem, second.semaphore("gpu", permits=2):
+        leases = await admin.keys(f"{sem.key}/leases/")
+        values = [(await admin.client.range(range_request(kv.key), 5.0)).kvs[0].value for kv in leases]
+        assert values == [b"asynclock permits=2"] * 2
+        with pytest.raises(ValueError, match=r"permits=2.*permits=1"):
+            await asyncio.wait_for(other.semaphore("gpu", permits=1).acquire(), scaled(5))
+        assert len(await admin.keys(f"{sem.key}/leases/")) == 2
+        assert await admin.keys(f"{sem.key}/locks/") == []
+    async with other.semaphore("gpu", permits=1):  # nobody uses it any more: a new number is fine
+        with pytest.raises(ValueError, match=r"permits=1.*permits=2"):
+            await sem.acquire(timeout=0)
+
+
+# -- elections: etcd's concurrency.Election, with etcdctl elect -----------------------------
+
+
+async def etcdctl_elect(server: EtcdServer, *args: str) -> asyncio.subprocess.Process:
+    """``etcdctl elect <args>``, started: ``NAME PROPOSAL`` campaigns (prints the key and the
+    proposal once it leads, resigns on SIGTERM); ``-l NAME`` prints each leader's key and value."""
+    binary = etcdctl_binary()
+    assert binary is not None
+    return await asyncio.create_subprocess_exec(
+        binary,
+        f"--endpoints={server.endpoint}",
+        "elect",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "ETCDCTL_API": "3"},
+    )
+
+
+async def printed(proc: asyncio.subprocess.Process, lines: int) -> list[str]:
+    """The next ``lines`` lines ``proc`` prints (bounded)."""
+    assert proc.stdout is not None
+    async with asyncio.timeout(scaled(10)):
+        return [(await proc.stdout.readline()).decode().rstrip("\n") for _ in range(lines)]
+
+
+async def stopped(proc: asyncio.subprocess.Process) -> int:
+    """SIGTERM (etcdctl elect resigns then) and the exit code."""
+    if proc.returncode is None:
+        proc.terminate()
+    async with asyncio.timeout(scaled(10)):
+        return await proc.wait()
+
+
+async def test_an_election_is_the_go_election_key_of_the_clients_lease(harness: EtcdHarness) -> None:
+    """``<election.key>/<lease id in hex>`` holding the identity, created with the lease;
+    the token is its create revision; the election is not listed among the locks."""
+    locks = harness.connect(ttl=TTL)
+    election = locks.election("jobs/sched", identity="replica-7 ✓")
+    assert election.key == f"{harness.prefix}/%election/jobs%2Fsched"
+    admin = await harness.admin()
+    async with election.leadership() as term:
+        (kv,) = await admin.keys(election.key + "/")
+        assert kv.key.decode() == f"{election.key}/{backend(locks).lease_id:x}"
+        assert (kv.lease, kv.create_revision) == (backend(locks).lease_id, term.token)
+        value = (await admin.client.range(range_request(kv.key), 5.0)).kvs  # (a get of the key: its value too)
+        assert value[0].value == "replica-7 ✓".encode()
+        assert await backend(locks).names() == []
+    assert await admin.keys(election.key + "/") == []
+
+
+async def test_observe_sees_every_term_even_those_that_ended_before_it_looked(harness: EtcdHarness) -> None:
+    """The observer follows the watch's events, not a read after each one: two terms that
+    begin and end while it reads nothing are both seen, in order, with nobody between."""
+    a, b, watcher = harness.connect(ttl=TTL), harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    changes = watcher.election("e").observe()
+    assert await anext(changes) is None
+    tokens = []
+    for locks, identity in ((a, "a"), (b, "b")):
+        async with locks.election("e", identity=identity).leadership() as term:
+            tokens.append(term.token)
+    seen = [await asyncio.wait_for(anext(changes), scaled(5)) for _ in range(4)]
+    assert seen == [asynclock.Leader("a", tokens[0], None), None, asynclock.Leader("b", tokens[1], None), None]
+    await changes.aclose()  # type: ignore[attr-defined]
+
+
+async def test_an_observer_that_falls_far_behind_reads_afresh(
+    harness: EtcdHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watch whose events nobody reads stops keeping them past a bound (so an observer
+    left unread cannot grow): it is dropped, and the next look reads the line afresh."""
+    monkeypatch.setattr(_watch, "MAX_EVENTS", 3)
+    locks, watcher = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    changes = watcher.election("e").observe()
+    assert await anext(changes) is None
+    for identity in ("a", "b"):  # four events: more than the watch keeps
+        async with locks.election("e", identity=identity).leadership():
+            pass
+    async with locks.election("e", identity="c").leadership() as term:
+        seen = await asyncio.wait_for(anext(changes), scaled(5))
+        assert seen == asynclock.Leader("c", term.token, None), "the terms it fell behind on are skipped"
+    await changes.aclose()  # type: ignore[attr-defined]
+
+
+async def test_etcdctl_leads_asynclock_waits_and_both_observers_see_each_leader(
+    harness: EtcdHarness, etcd_server: EtcdServer
+) -> None:
+    """``etcdctl elect`` campaigns first: an asynclock candidate waits in line behind it,
+    asynclock's observer and ``etcdctl elect -l`` see its proposal; once it resigns
+    (SIGTERM), the asynclock candidate leads, with a larger token, and both observers see it."""
+    locks, watcher = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    election = locks.election("shared-with-go", identity="py-1")
+    changes = watcher.election("shared-with-go").observe()
+    assert await anext(changes) is None
+    go = await etcdctl_elect(etcd_server, election.key, "go-1")
+    listener = await etcdctl_elect(etcd_server, "-l", election.key)
+    try:
+        key, proposal = await printed(go, 2)
+        assert key.startswith(election.key + "/") and proposal == "go-1"
+        theirs = await asyncio.wait_for(anext(changes), scaled(5))
+        assert theirs is not None and theirs.identity == "go-1"
+        assert await printed(listener, 2) == [key, "go-1"]
+        taking = asyncio.create_task(_lead_and_resign(election))
+        await _waiters(watcher.election("shared-with-go"), 1)
+        assert not taking.done()
+        assert await stopped(go) == 0
+        token = await asyncio.wait_for(taking, scaled(10))
+        assert theirs.token is not None and token is not None and token > theirs.token
+        ours = await asyncio.wait_for(anext(changes), scaled(5))
+        assert ours is not None and (ours.identity, ours.token) == ("py-1", token)
+        (ours_key, ours_value) = await printed(listener, 2)
+        assert ours_key == f"{election.key}/{backend(locks).lease_id:x}" and ours_value == "py-1"
+    finally:
+        await stopped(go)
+        await stopped(listener)
+        await changes.aclose()  # type: ignore[attr-defined]
+
+
+async def test_asynclock_leads_and_etcdctl_elect_waits_until_the_resign(
+    harness: EtcdHarness, etcd_server: EtcdServer
+) -> None:
+    locks = harness.connect(ttl=TTL)
+    election = locks.election("shared-with-go", identity="py-1")
+    async with election.leadership() as term:
+        go = await etcdctl_elect(etcd_server, election.key, "go-2")
+        elected = asyncio.create_task(printed(go, 2))
+        try:
+            await _waiters(election, 1)  # etcdctl's candidate in line behind ours
+            await asyncio.sleep(scaled(0.3))
+            assert not elected.done(), "etcdctl led while asynclock did"
+            assert (await election.leader()) == asynclock.Leader("py-1", term.token, None)
+        except BaseException:
+            await stopped(go)
+            raise
+        await election.resign()  # (the body ends here, and the async with quietly)
+    try:
+        key, proposal = await elected
+        assert key.startswith(election.key + "/") and proposal == "go-2"
+        leader = await election.leader()
+        assert leader is not None and leader.identity == "go-2"
+        assert term.token is not None and leader.token is not None and leader.token > term.token
+    finally:
+        code = await stopped(go)
+        assert go.stderr is not None
+        assert code == 0, (await go.stderr.read()).decode()
+    assert await election.leader() is None
+
+
+async def _lead_and_resign(election: asynclock.Election) -> int | None:
+    async with election.leadership() as term:
+        await election.resign()
+    return term.token
+
+
+async def _waiters(election: asynclock.Election, count: int) -> None:
+    async with asyncio.timeout(scaled(10)):
+        while (await election.info()).waiters != count:
+            await asyncio.sleep(0.01)
 
 
 # -- the lease ---------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from tests.faults.runner import RedlockTarget, SentinelTarget, Target, target_fo
 from tests.faults.scenarios import SCENARIOS, Outcome, Settings, _warned_first, by_name
 from tests.faults.store import StoreState
 from tests.servers import RedisServer
+from tests.servers.etcd import EtcdServer
 from tests.servers.postgres import PostgresServer
 from tests.servers.redis_topologies import RedisNodes, SentinelSetup
 from tests.servers.zookeeper import ZooKeeperServer
@@ -46,7 +47,11 @@ FAST_SCENARIOS = {
 }
 #: the election workload (each critical section a term of leadership) on the backends that
 #: have elections: a crash, a pause and a session loss of the leader
-ELECTION_SCENARIOS = {"zookeeper": ["holder-killed", "holder-frozen", "partition"]}
+ELECTION_SCENARIOS = {
+    "zookeeper": ["holder-killed", "holder-frozen", "partition"],
+    "etcd": ["holder-killed", "holder-frozen"],
+    "redis": ["holder-frozen"],
+}
 #: the torture tier: every scenario that applies, longer, with more workers
 TORTURE = Settings(workers=6, duration=15.0, ttl=1.0, faults=10_000, margin=1.0)
 #: (backend, scenario) -> reason, for a bug found and not fixed yet (xfail, not strict)
@@ -148,9 +153,11 @@ async def _target(request: pytest.FixtureRequest, kind: str) -> Target:
         setup: SentinelSetup = request.getfixturevalue("fault_sentinel")
         return SentinelTarget(setup.url, setup)
     if kind == "redis":
-        server: RedisServer | ZooKeeperServer | PostgresServer = request.getfixturevalue("fault_redis")
+        server: RedisServer | ZooKeeperServer | PostgresServer | EtcdServer = request.getfixturevalue("fault_redis")
     elif kind == "zookeeper":
         server = request.getfixturevalue("zookeeper_server")
+    elif kind == "etcd":
+        server = request.getfixturevalue("etcd_server")
     else:
         server = request.getfixturevalue("fault_postgres")
     return target_for(server.url, server)

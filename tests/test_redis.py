@@ -503,3 +503,111 @@ async def test_a_silently_dead_pubsub_connection_is_replaced_and_hand_overs_arri
             await asyncio.wait_for(got.wait(), scaled(5))
             assert loop.time() - released < ttl / 4  # well before a poll a third of a ttl later
             await asyncio.wait_for(waiting, scaled(5))
+
+
+# -- elections: the exclusive lock's line, with its changes on a channel of its own ---------------
+
+
+async def test_an_election_is_a_lock_of_its_own_whose_holder_carries_the_identity(
+    redis_server: RedisServer,
+) -> None:
+    """``<prefix>:{name}:e`` holds the leader's hold with its identity; the scripts publish
+    on the channel of that name at each change of leader (a take, a hand-over, a release
+    with nobody in line), never for a renewal; an election is not listed among the locks."""
+    ttl = scaled(3.0)
+    admin = aioredis.Redis.from_url(redis_server.url)
+    listener = admin.pubsub()
+    async with (
+        asynclock.connect(redis_server.url, ttl=ttl, prefix="el") as a,
+        asynclock.connect(redis_server.url, ttl=ttl, prefix="el") as b,
+    ):
+        election = a.election("sched", identity="replica 7 ✓")
+        assert election.key == "el:{sched}:e"
+        await listener.subscribe(election.key)
+        assert (await listener.get_message(timeout=scaled(5)))["type"] == "subscribe"  # type: ignore[index]
+        async with election.leadership() as first:
+            value = (await admin.get(election.key)).decode()
+            assert value.endswith("/replica%207%20%E2%9C%93")
+            assert value.startswith(f"{first.token} 1 ")
+            assert await redis_backend(a).names() == []
+            taking = asyncio.create_task(_lead(b.election("sched", identity="b")))
+            async with asyncio.timeout(scaled(5)):
+                while (await election.info()).waiters != 1:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(ttl / 2)  # (renewals, which publish nothing)
+            await election.resign()
+        second = await asyncio.wait_for(taking, scaled(5))
+        messages = []
+        async with asyncio.timeout(scaled(5)):
+            while len(messages) < 3:
+                message = await listener.get_message(timeout=scaled(5))
+                if message is not None:
+                    messages.append(message["data"].decode())
+        assert messages[0].startswith(f"{first.token} 1 ") and messages[0].endswith("/replica%207%20%E2%9C%93")
+        assert messages[1].startswith(f"{second} 1 ") and messages[1].endswith("/b")
+        assert messages[2] == str(second)  # released, nobody in line: free, with its last token
+        assert await listener.get_message(timeout=0.1) is None
+    await listener.aclose()
+    await admin.aclose()
+
+
+async def _lead(election: asynclock.Election) -> int | None:
+    async with election.leadership() as term:
+        return term.token
+
+
+async def test_an_observer_reads_again_after_its_pubsub_connection_is_made_again(redis_fresh: RedisServer) -> None:
+    """A change of leader whose message the observer's client did not get (published while
+    its pub/sub connection was down) is seen once that connection is back: the observer
+    reads again after the resubscription, not a ttl later when the leader's hold expires."""
+    ttl = 30.0
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=ttl) as a,
+        asynclock.connect(redis_fresh.url, ttl=ttl) as watcher,
+    ):
+        changes = watcher.election("e").observe()
+        assert await anext(changes) is None
+        election = a.election("e", identity="a")
+        async with election.leadership() as term:
+            seen = await asyncio.wait_for(anext(changes), scaled(5))
+            assert seen == asynclock.Leader("a", term.token, None)
+            listener = redis_backend(watcher)._pubsub
+            channel = election.key.encode()
+            on_message, on_resync = listener._routes[channel]
+            missed: list[bytes] = []
+            listener._routes[channel] = (missed.append, on_resync)  # as if published while it reconnected
+        async with asyncio.timeout(scaled(5)):
+            while not missed:
+                await asyncio.sleep(0.01)
+        listener._routes[channel] = (on_message, on_resync)
+        looking = asyncio.create_task(anext(changes))
+        await asyncio.sleep(scaled(0.2))
+        assert not looking.done(), "the observer did not hear of the resign"
+        before = listener.reconnects
+        assert await _kill_pubsub(redis_fresh) >= 1
+        assert await asyncio.wait_for(looking, scaled(5)) is None
+        assert listener.reconnects > before
+        await changes.aclose()  # type: ignore[attr-defined]
+        assert channel not in listener._routes, "the last observer gone, its election's messages are dropped"
+
+
+async def _kill_pubsub(server: RedisServer) -> int:
+    admin = aioredis.Redis.from_url(server.url)
+    try:
+        return int(await admin.client_kill_filter(_type="pubsub"))
+    finally:
+        await admin.aclose()
+
+
+async def test_a_client_renews_its_terms_locks_and_permits_together(redis_server: RedisServer) -> None:
+    """One renewal round carries holds of every kind: each kind's keys are renewed by its own
+    script, a candidate's hold as the scripts know it (with its identity): none is lost."""
+    async with asynclock.connect(redis_server.url, ttl=TTL, prefix="mix") as locks:
+        async with (
+            locks.election("m", identity="x").leadership() as term,
+            locks.lock("m") as lease,
+            locks.semaphore("m", permits=2) as permit,
+        ):
+            await asyncio.sleep(3 * TTL)
+            assert not (term.lost or lease.lost or permit.lost)
+            assert await locks.election("m").leader() == asynclock.Leader("x", term.token, None)

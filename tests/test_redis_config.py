@@ -29,11 +29,14 @@ pytestmark = pytest.mark.anyio
 #: The password every refused client sends: it must appear in no message or log line.
 WRONG = "wr0ng-Pa55w0rd"
 RIGHT = "r1ght-Pa55w0rd"
-#: ACL users: every right, no right to run scripts, no right to any pub/sub channel.
+#: ACL users: every right, no right to run scripts, no right to any pub/sub channel; and
+#: users who may run scripts but not a command the lock's scripts run: TIME, or any write.
 USERS = {
     "locker": ["on", f">{RIGHT}", "~*", "&*", "+@all"],
     "noscript": ["on", f">{RIGHT}", "~*", "&*", "+@all", "-@scripting"],
     "nochannel": ["on", f">{RIGHT}", "~*", "resetchannels", "+@all"],
+    "notime": ["on", f">{RIGHT}", "~*", "&*", "+@all", "-time"],
+    "readonly": ["on", f">{RIGHT}", "~*", "&*", "+@all", "-@write"],
 }
 
 
@@ -128,6 +131,20 @@ async def test_an_acl_refusal_is_a_configuration_error(server: RedisServer, logg
     error = await refused(asynclock.connect(f"redis://noscript:{RIGHT}@127.0.0.1:{server.port}/0"))
     assert f"127.0.0.1:{server.port}" in str(error)
     assert "no permissions" in str(error)  # the server's own words
+    assert_never_shown(RIGHT, error, logged)
+
+
+@pytest.mark.parametrize("user", ["notime", "readonly"])
+async def test_an_acl_refusal_of_a_command_inside_a_script_is_a_configuration_error(
+    server: RedisServer, user: str, logged: pytest.LogCaptureFixture
+) -> None:
+    """A user who may run scripts but not a command they run (TIME, or a write): the server
+    refuses it from inside the script, and redis-py gives a plain ResponseError. That is a
+    refusal no retry fixes, raised at once, not BackendUnavailable after retrying for a ttl."""
+    error = await refused(asynclock.connect(f"redis://{user}:{RIGHT}@127.0.0.1:{server.port}/0", ttl=30))
+    assert f"127.0.0.1:{server.port}" in str(error)
+    assert "The user executing the script can't run this command" in str(error)  # the server's own words
+    assert isinstance(error.__cause__, aioredis.ResponseError)
     assert_never_shown(RIGHT, error, logged)
 
 

@@ -167,3 +167,33 @@ async def test_a_demoted_primary_answering_readonly_is_a_loss_not_a_retry(
         assert "no longer has this hold" in (lease.lost_reason or ""), lease.lost_reason
         # at the next renewal (ttl/3), not after retrying until the deadline
         assert loop.time() - demoted_at < ttl * 0.9
+
+
+async def test_a_term_handed_over_is_confirmed_by_a_replica_before_it_begins(
+    primary_and_replica: tuple[RedisServer, RedisServer],
+) -> None:
+    """Elections with ``replicas=1``: the next candidate, handed leadership by a resign,
+    confirms it with a request of its own and WAIT before its term begins, so the replica
+    has the new leader, identity and token, as soon as ``leadership()`` returns."""
+    primary, replica = primary_and_replica
+    url = f"{primary.url}?replicas=1&replica_timeout=2"
+    async with asynclock.connect(url, ttl=scaled(5)) as a, asynclock.connect(url, ttl=scaled(5)) as b:
+        first = a.election("e", identity="a")
+        on_replica: list[bytes | None] = []
+        replica_admin = aioredis.Redis.from_url(replica.url)
+
+        async def follow() -> int | None:
+            async with b.election("e", identity="b").leadership() as term:
+                on_replica.append(await replica_admin.get("asynclock:{e}:e"))
+                return term.token
+
+        async with first.leadership():
+            waiting = asyncio.create_task(follow())
+            async with asyncio.timeout(scaled(5)):
+                while (await first.info()).waiters != 1:
+                    await asyncio.sleep(0.01)
+            await first.resign()
+        token = await asyncio.wait_for(waiting, scaled(5))
+        assert on_replica[0] is not None and on_replica[0].startswith(f"{token} 1 ".encode())
+        assert on_replica[0].endswith(b"/b")
+        await replica_admin.aclose()

@@ -288,3 +288,36 @@ async def test_a_primary_that_refuses_the_client_is_a_configuration_error_naming
         assert f"'mymaster' at 127.0.0.1:{primary}" in text and words in text, text
         assert wrong not in text
     assert all(wrong not in record.getMessage() for record in caplog.records)
+
+
+async def test_an_election_through_the_sentinels_hands_over_on_resign_and_is_observed(
+    harness: SentinelHarness,
+) -> None:
+    """Elections on the primary the sentinels name: candidates in line, a resign hands
+    leadership to the next at once (a 30 s ttl: not by an expiry), observers hear of each
+    change on the election's channel."""
+    a, b, watcher = harness.connect(ttl=30), harness.connect(ttl=30), harness.connect(ttl=30)
+    changes = watcher.election("e").observe()
+    assert await anext(changes) is None
+    first = a.election("e", identity="a")
+    async with first.leadership() as term:
+        assert await asyncio.wait_for(anext(changes), scaled(5)) == asynclock.Leader("a", term.token, None)
+        seen = asyncio.Event()
+        taking = asyncio.create_task(_lead_until(b.election("e", identity="b"), seen))
+        async with asyncio.timeout(scaled(5)):
+            while (await first.info()).waiters != 1:
+                await asyncio.sleep(0.01)
+        await first.resign()
+    second = await asyncio.wait_for(anext(changes), scaled(2))
+    assert second is not None and second.identity == "b"
+    assert term.token is not None and second.token is not None and second.token > term.token
+    seen.set()
+    assert await asyncio.wait_for(taking, scaled(5)) == second.token
+    assert await asyncio.wait_for(anext(changes), scaled(5)) is None
+    await changes.aclose()  # type: ignore[attr-defined]
+
+
+async def _lead_until(election: asynclock.Election, done: asyncio.Event) -> int | None:
+    async with election.leadership() as term:
+        await done.wait()
+        return term.token

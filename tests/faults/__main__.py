@@ -9,7 +9,7 @@
 Without ``--url`` it starts a redis-server of its own (it needs
 ``redis-server`` on PATH) and runs every scenario, server faults included;
 ``--own KIND`` starts other lock services of its own instead (five Redlock
-nodes, a Sentinel setup, ZooKeeper, PostgreSQL), whose server faults then
+nodes, a Sentinel setup, ZooKeeper, PostgreSQL, etcd), whose server faults then
 apply too (nodes killed, failover, restart with data kept).
 With ``--url`` it only injects faults into what it owns: its worker
 processes (kill, freeze, cancel) and, for a server on 127.0.0.1, a TCP proxy
@@ -41,9 +41,9 @@ from tests.faults.scenarios import SCENARIOS, Outcome, Settings
 from tests.servers import RedisServer
 
 #: lock services the command can start itself (``--own``)
-OWN = ("redis", "redlock", "sentinel", "zookeeper", "postgres")
+OWN = ("redis", "redlock", "sentinel", "zookeeper", "postgres", "etcd")
 #: target kinds that have leader elections (``--workload election``)
-ELECTS = ("zookeeper",)
+ELECTS = ("zookeeper", "etcd", "redis", "sentinel")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -129,6 +129,13 @@ def _own(kind: str, owned: list[Any]) -> Target:
         owned.append(zookeeper)
         zookeeper.start()
         return target_for(zookeeper.url, zookeeper)
+    if kind == "etcd":
+        from tests.servers.etcd import EtcdServer
+
+        etcd = EtcdServer()
+        owned.append(etcd)
+        etcd.start()
+        return target_for(etcd.url, etcd)
     from tests.servers.postgres import PostgresServer
 
     postgres = PostgresServer(extra=["-c", "synchronous_commit=on"])  # (a crash must not lose commits)

@@ -70,12 +70,13 @@ class Target:
 
 async def redis_leftovers(admin: aioredis.Redis, prefix: str) -> list[str]:
     """What is still held or queued under ``prefix``: every key but what released locks keep of
-    their fencing tokens (a ``:fence`` counter, a plain lock's ``:x`` holding only its last token)."""
+    their fencing tokens (a ``:fence`` counter, a plain lock's ``:x`` or an election's ``:e``
+    holding only its last token)."""
     left = []
     async for key in admin.scan_iter(match=f"{prefix}:*"):
         if key.endswith(b":fence"):
             continue
-        if key.endswith(b":x"):
+        if key.endswith((b":x", b":e")):
             value = await admin.get(key)
             if value is not None and b" " not in value:
                 continue
@@ -135,6 +136,22 @@ class ZooKeeperTarget(Target):
             for child in await admin.children(base):
                 found += await admin.contenders(f"{base}/{child}")
             return found
+        finally:
+            await admin.close()
+
+
+class EtcdTarget(Target):
+    kind = "etcd"
+    #: etcd counts a lease's TTL in whole seconds (at least one): a dead client's keys
+    #: last up to that, for the short ttls of these runs up to twice the ttl
+    lease_factor = 2.0
+
+    async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
+        from tests.harness_etcd import AdminClient
+
+        admin = AdminClient(urlsplit(self.url).netloc.rsplit("@", 1)[-1])
+        try:
+            return [kv.key.decode(errors="replace") for kv in await admin.keys(f"{prefix}/")]
         finally:
             await admin.close()
 
@@ -231,6 +248,8 @@ def target_for(url: str, server: ServerProcess | None = None) -> Target:
         return ZooKeeperTarget(url, server)
     if scheme in ("postgresql", "postgres"):
         return PostgresTarget(url, server)
+    if scheme in ("etcd", "etcds"):
+        return EtcdTarget(url, server)
     raise ValueError(f"no fault target for {url!r}")
 
 

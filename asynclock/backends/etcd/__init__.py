@@ -60,7 +60,10 @@ dependencies.
 More primitives: the fair lock is the lock itself (the Mutex is FIFO), so
 both have one key and share one hold; the read-write lock follows etcd's Go
 RWMutex recipe; the semaphore is Curator's InterProcessSemaphoreV2 on etcd
-keys. Fencing tokens are create revisions.
+keys; an election is etcd's ``concurrency.Election`` (``etcdctl elect``),
+the Mutex's rules with the candidate's identity as its key's value, under
+``<base>/%election/<name>`` (:mod:`._election` tells who leads). Fencing
+tokens are create revisions.
 """
 
 from __future__ import annotations
@@ -77,12 +80,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._errors import BackendUnavailable, LockError
 from ..._options import DEFAULT_CONNECT_TIMEOUT
-from ..._values import LockInfo, LossReason
-from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem
+from ..._values import Leader, LockInfo, LossReason
+from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
 from . import _recipe
 from ._channel import TlsOptions
 from ._client import EtcdClient
-from ._describe import describe, lock_names
+from ._describe import check_permits, describe, lock_names
+from ._election import EtcdLeaderWatch, read_leader
 from ._queue import Node, Queue
 from ._recipe import Layout
 from ._replies import TxnResult
@@ -197,10 +201,13 @@ class EtcdBackend:
         """Every primitive is served."""
 
     def lock_key(self, ref: LockRef) -> str:
-        """The Mutex prefix of a plain or fair lock (one lock: the Mutex is FIFO), else the
-        directory of the read-write lock's or the semaphore's keys."""
+        """The Mutex prefix of a plain or fair lock (one lock: the Mutex is FIFO), the
+        Election prefix of an election, else the directory of the read-write lock's or
+        the semaphore's keys."""
         if ref.kind in ("lock", "fair"):
             return self._layout.lock_key(ref.name)
+        if ref.kind == "election":
+            return self._layout.election_key(ref.name)
         if ref.kind in ("read", "write"):
             return self._layout.rw_key(ref.name)
         return self._layout.semaphore_key(ref.name)
@@ -332,7 +339,7 @@ class EtcdBackend:
     async def info(self, ref: LockRef) -> LockInfo:
         key = self.lock_key(ref)
         nodes = self._nodes.values()
-        if ref.kind in ("lock", "fair"):
+        if ref.kind in ("lock", "fair", "election"):
             local = self._queue.waiting_turns(key)
             return await describe(
                 self._client, self._session, nodes, ref.name, key, f"{key}/".encode(), lambda kvs: kvs[:1], local=local
@@ -345,6 +352,14 @@ class EtcdBackend:
         return await describe(
             self._client, self._session, nodes, ref.name, key, leases, lambda kvs: kvs[:permits], queue=waiting
         )
+
+    async def leader(self, ref: LockRef) -> Leader | None:
+        """The election's leader: the first candidate's value (identity) and create revision (token)."""
+        return await read_leader(self._client, self.lock_key(ref), self._session.window())
+
+    def observe(self, ref: LockRef) -> LeaderWatch:
+        """Every change of the election's leader, from a watch of its candidates (see :mod:`._election`)."""
+        return EtcdLeaderWatch(self._client, self._session, self.lock_key(ref))
 
     async def names(self) -> list[str]:
         """Plain lock names under this client's prefix that have contenders now."""
@@ -367,8 +382,13 @@ class EtcdBackend:
         key = self.lock_key(ref)
         self._serial += 1
         serial = self._serial
-        if ref.kind in ("lock", "fair"):
-            node = Node(ref.name, hold, ttl, lambda lease: _recipe.mutex(key, lease), turns=key)
+        if ref.kind in ("lock", "fair", "election"):
+            # (the Mutex and the Election key a contender by its lease: the client's tasks take turns)
+            if ref.kind == "election":
+                identity = ref.identity or ""
+                node = Node(ref.name, hold, ttl, lambda lease: _recipe.candidate(key, lease, identity), turns=key)
+            else:
+                node = Node(ref.name, hold, ttl, lambda lease: _recipe.mutex(key, lease), turns=key)
             if not self._queue.take_turn(node):
                 self._queue.join_turns(node)
         elif ref.kind == "write":
@@ -379,6 +399,8 @@ class EtcdBackend:
             permits = ref.permits
             node = Node(ref.name, hold, ttl, lambda lease: _recipe.semaphore_lease(key, lease, serial, permits))
             node.mutex = Node(ref.name, hold, ttl, lambda lease: _recipe.semaphore_mutex(key, lease, serial))
+            leases = f"{key}/leases/".encode()
+            node.verify = lambda: check_permits(self._client, ref.name, leases, permits, self._session.window())
         self._nodes[hold] = node
         return node
 

@@ -358,10 +358,13 @@ class EtcdClient:
 
     # -- watches ---------------------------------------------------------------------------
 
-    async def watch(self, key: bytes, start_revision: int, timeout: float, range_end: bytes = b"") -> Watch:
-        """Watch ``key`` (or the range up to ``range_end``) for deletions from ``start_revision`` on."""
+    async def watch(
+        self, key: bytes, start_revision: int, timeout: float, range_end: bytes = b"", *, events: bool = False
+    ) -> Watch:
+        """Watch ``key`` (or the range up to ``range_end``) for deletions from ``start_revision`` on
+        (with ``events``: for every put and delete, kept in ``Watch.events``)."""
         self._check_open()
-        return await self._watches.watch(key, start_revision, timeout, range_end)
+        return await self._watches.watch(key, start_revision, timeout, range_end, events=events)
 
     def unwatch(self, watch: Watch) -> None:
         """Stop a watch (etcd is told in the background)."""

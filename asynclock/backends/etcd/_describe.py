@@ -16,7 +16,20 @@ from ._replies import KeyValue
 from ._session import Session
 from ._wire import ASCEND, SORT_CREATE, prefix_end, range_request
 
-__all__ = ["describe", "lock_names"]
+__all__ = ["check_permits", "describe", "lock_names"]
+
+
+async def check_permits(client: EtcdClient, name: str, leases: bytes, permits: int, timeout: float) -> None:
+    """ValueError if the semaphore's lease keys under ``leases`` were put with another number
+    of permits: the first one speaks for them all (each was checked under the mutex)."""
+    request = range_request(leases, prefix_end(leases), limit=1, sort_order=ASCEND, sort_target=SORT_CREATE)
+    first = (await client.range(request, timeout)).kvs
+    theirs = _recipe.permits_of(first[0].value) if first else None
+    if theirs is not None and theirs != permits:
+        raise ValueError(
+            f"semaphore {name!r} is held or awaited with permits={theirs} by other clients;"
+            f" this one asks for permits={permits}: every client of a semaphore must use the same number"
+        )
 
 
 async def describe(

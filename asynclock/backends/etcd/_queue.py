@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,8 @@ class Node:
     turn: asyncio.Future[None] | None = None
     #: a semaphore's mutex, held while its lease key waits
     mutex: Node | None = None
+    #: checks what must hold before the key is put (a semaphore's permits, under its mutex)
+    verify: Callable[[], Awaitable[None]] | None = None
     #: the create request whose answer is not in yet, and whether a create may have landed unseen
     creating: Sent | None = None
     uncertain: bool = False
@@ -176,13 +178,16 @@ class Queue:
         """Create ``node``'s key if it has none, and find out whether it holds; with ``wait``,
         watch what blocks it until it holds or the loop time ``until`` passes. True: it holds.
 
-        A semaphore's node first takes its mutex, and lets it go once it holds.
+        A semaphore's node first takes its mutex, checks (``verify``) before its
+        key is put, and lets the mutex go once it holds.
         """
         mutex = node.mutex
         if mutex is not None and not (mutex.held and mutex.alive):
             mutex.held = False
             if not await self._advance(mutex, wait=wait, until=until):
                 return False
+        if node.verify is not None and not node.has_key:
+            await node.verify()
         holds = await self._advance(node, wait=wait, until=until)
         if holds and mutex is not None:
             node.mutex = None

@@ -33,6 +33,16 @@ tasks, so the tasks of one client take turns for that key in the client
 create revision, so a new fencing token, and a place at the end of etcd's
 queue, behind the other clients that queued meanwhile).
 
+An election is etcd's ``concurrency.Election`` (``etcdctl elect`` uses it):
+the Mutex's rules on the prefix ``<base>/%election/<escaped name>``
+(:func:`Layout.election_key`), the candidate's key
+``<prefix>/<lease id in hex>`` holding its identity (Go's proposal) from
+its creation on. The candidate with the lowest create revision leads; the
+others wait for the deletion of the one just before them, as for the Mutex.
+So ``etcdctl elect <election key> <proposal>`` and Go's
+``concurrency.NewElection(session, "<election key>")`` campaign in the same
+line as asynclock's candidates, and each sees the other's identity.
+
 The read-write lock follows the RWMutex of etcd's Go recipes
 (``client/v3/experimental/recipes``): under ``<base>/%rw/<escaped name>/``,
 readers are ``read/<key>`` and writers ``write/<key>``; a writer waits for
@@ -45,7 +55,11 @@ first takes the mutex ``locks/`` (the Mutex rule, with a key per
 acquisition), then puts its ``leases/<key>`` and holds once at most
 ``permits`` leases were created up to its own; the one waiter that holds the
 mutex watches the ``leases/`` range for deletions (no herd), and lets the
-mutex go once it holds.
+mutex go once it holds. A lease key holds ``asynclock permits=<N>``, the
+permits its client asked for: a contender that holds the mutex, before it
+puts its lease key, reads the first one, and refuses (ValueError) a number
+that differs; every lease key was checked that way under the mutex, so the
+first speaks for them all.
 
 Fencing token: the create revision of the key that holds. Revisions are
 etcd's, persisted with its data; they grow with every write of the whole
@@ -62,14 +76,15 @@ from functools import lru_cache
 from ._replies import KeyValue, RangeResult
 from ._wire import ASCEND, DESCEND, SORT_CREATE, Compare, Op, prefix_end, txn_request
 
-__all__ = ["Contender", "Layout", "escape_name", "unescape_name"]
+__all__ = ["Contender", "Layout", "candidate", "escape_name", "unescape_name"]
 
 #: Directories under the base for the read-write locks and the semaphores. A
 #: ``%`` followed by letters that are not hex digits is never made by
 #: :func:`escape_name`, so no lock name can be one of them.
 RW_DIR = "%rw"
 SEM_DIR = "%semaphore"
-RESERVED = (RW_DIR, SEM_DIR)
+ELECTION_DIR = "%election"
+RESERVED = (RW_DIR, SEM_DIR, ELECTION_DIR)
 
 
 def _unsafe(char: str) -> bool:
@@ -108,6 +123,10 @@ class Layout:
     def semaphore_key(self, name: str) -> str:
         return f"{self.base}/{SEM_DIR}/{escape_name(name)}"
 
+    def election_key(self, name: str) -> str:
+        """The Election prefix of the election ``name``: what ``etcdctl elect`` is given."""
+        return f"{self.base}/{ELECTION_DIR}/{escape_name(name)}"
+
     @property
     def root(self) -> bytes:
         """The prefix of every key of this layout."""
@@ -136,6 +155,8 @@ class Contender:
     #: whether the creating transaction also reads the queue's first key (the
     #: Mutex does: an uncontended lock is then one round trip)
     reads_owner: bool = False
+    #: what our key holds (an election candidate's identity; a lock's key is empty)
+    value: bytes = b""
     #: the creating transaction (:meth:`creating`), encoded once
     create: bytes = field(init=False, repr=False)
 
@@ -147,7 +168,7 @@ class Contender:
         (and the first contender, for the Mutex)."""
         absent = Compare(self.key, target=1, result=0, value=0)  # create_revision == 0
         owner = [self.first()] if self.reads_owner else []
-        return [absent], [Op.put(self.key, b"", lease=self.lease), *owner], [Op.range(self.key), *owner]
+        return [absent], [Op.put(self.key, self.value, lease=self.lease), *owner], [Op.range(self.key), *owner]
 
     def first(self) -> Op:
         """The queue's first contender (lowest create revision)."""
@@ -187,6 +208,16 @@ def mutex(lock_key: str, lease: int) -> Contender:
     return Contender(directory, key, lease, last_before(directory), _wait_for_it, reads_owner=True)
 
 
+def candidate(election_key: str, lease: int, identity: str) -> Contender:
+    """A candidate of etcd's ``concurrency.Election`` for the client with ``lease``: the
+    Mutex's key and rules, the key holding ``identity``."""
+    directory = f"{election_key}/".encode()
+    key = directory + f"{lease:x}".encode()
+    return Contender(
+        directory, key, lease, last_before(directory), _wait_for_it, reads_owner=True, value=identity.encode()
+    )
+
+
 def _unique(lease: int, serial: int) -> str:
     return f"{lease:x}_{serial}"
 
@@ -212,8 +243,23 @@ def semaphore_mutex(sem_key: str, lease: int, serial: int) -> Contender:
     return Contender(directory, key, lease, last_before(directory), _wait_for_it, reads_owner=True)
 
 
+#: What a semaphore's lease key holds before the number of permits its client asked for.
+_PERMITS = b"asynclock permits="
+
+
+def permits_of(value: bytes) -> int | None:
+    """The permits a semaphore's lease key records, or None (one that records none)."""
+    if not value.startswith(_PERMITS):
+        return None
+    try:
+        return int(value[len(_PERMITS) :])
+    except ValueError:
+        return None
+
+
 def semaphore_lease(sem_key: str, lease: int, serial: int, permits: int) -> Contender:
-    """A semaphore lease: holds once at most ``permits`` leases were created up to it."""
+    """A semaphore lease: holds once at most ``permits`` leases were created up to it; its
+    key records ``permits``."""
     directory = f"{sem_key}/leases/".encode()
     key = directory + _unique(lease, serial).encode()
     end = prefix_end(directory)
@@ -226,7 +272,7 @@ def semaphore_lease(sem_key: str, lease: int, serial: int, permits: int) -> Cont
             return True, None
         return False, (directory, end)
 
-    return Contender(directory, key, lease, blocker, decide)
+    return Contender(directory, key, lease, blocker, decide, value=_PERMITS + str(permits).encode())
 
 
 def rw_holders(contenders: list[KeyValue], rw_key: str) -> list[KeyValue]:

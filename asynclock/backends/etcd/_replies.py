@@ -108,24 +108,29 @@ _NO_HEADER = Header()
 
 @dataclass(frozen=True, slots=True)
 class KeyValue:
-    """``mvccpb.KeyValue`` (its value is not used by the lock, and not kept)."""
+    """``mvccpb.KeyValue`` (key 1, create_revision 2, mod_revision 3, version 4, value 5, lease 6);
+    a lock's keys are empty, an election candidate's holds its identity."""
 
     key: bytes
     create_revision: int = 0
     mod_revision: int = 0
     version: int = 0
     lease: int = 0
+    value: bytes = b""
 
     @classmethod
     def parse(cls, data: bytes) -> KeyValue:
-        key = b""
+        key = value = b""
         ints = [0, 0, 0, 0]
-        for number, value in _fields(data):
-            if number == 1 and isinstance(value, bytes):
-                key = value
-            elif isinstance(value, int) and number in (2, 3, 4, 6):
-                ints[(2, 3, 4, 6).index(number)] = _signed(value)
-        return cls(key, ints[0], ints[1], ints[2], ints[3])
+        for number, item in _fields(data):
+            if isinstance(item, bytes):
+                if number == 1:
+                    key = item
+                elif number == 5:
+                    value = item
+            elif number in (2, 3, 4, 6):
+                ints[(2, 3, 4, 6).index(number)] = _signed(item)
+        return cls(key, ints[0], ints[1], ints[2], ints[3], value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,11 @@ A waiter whose watch is lost reads again, as after any reconnect, so nothing
 depends on a watch surviving a failover. The stream asks for a member that
 has a leader: a member cut off from the others refuses it instead of
 keeping a watch open and silent.
+
+A watch made with ``events=True`` (an election's observer) keeps every put
+and delete etcd reports, in order, in ``events``, and fires only when it is
+lost; one whose reader falls :data:`MAX_EVENTS` behind is lost too (the
+reader reads again), so a watch nobody reads any more cannot grow.
 """
 
 from __future__ import annotations
@@ -32,17 +37,31 @@ __all__ = ["Watch", "Watches"]
 logger = logging.getLogger("asynclock")
 
 _WATCH = "/etcdserverpb.Watch/Watch"
+#: Events an ``events=True`` watch keeps for its reader before it gives up on it.
+MAX_EVENTS = 1024
 
 
 class Watch:
     """One watch of a key (or a range): ``fired`` is set once, with ``reason``
     ``"deleted"``, ``"lost"`` or ``"cancelled"``. ``confirmed`` is set when etcd
     confirmed it (``revision``: it reports what happens after that revision)
-    or when it fired."""
+    or when it fired. With ``events`` (a deque), it keeps every event etcd
+    reports there and sets ``changed`` for each batch, and for its firing."""
 
-    __slots__ = ("confirmed", "fired", "key", "range_end", "reason", "revision", "start_revision", "watch_id")
+    __slots__ = (
+        "changed",
+        "confirmed",
+        "events",
+        "fired",
+        "key",
+        "range_end",
+        "reason",
+        "revision",
+        "start_revision",
+        "watch_id",
+    )
 
-    def __init__(self, key: bytes, range_end: bytes, start_revision: int) -> None:
+    def __init__(self, key: bytes, range_end: bytes, start_revision: int, *, events: bool = False) -> None:
         self.key = key
         self.range_end = range_end
         self.start_revision = start_revision
@@ -51,12 +70,15 @@ class Watch:
         self.confirmed = asyncio.Event()
         self.fired = asyncio.Event()
         self.reason = ""
+        self.events: deque[_replies.Event] | None = deque() if events else None
+        self.changed = asyncio.Event()
 
     def fire(self, reason: str) -> None:
         if not self.fired.is_set():
             self.reason = reason
             self.fired.set()
             self.confirmed.set()
+            self.changed.set()
 
 
 class Watches:
@@ -72,14 +94,17 @@ class Watches:
         self._creating: deque[Watch] = deque()
         self._cancels: set[asyncio.Task[None]] = set()
 
-    async def watch(self, key: bytes, start_revision: int, timeout: float, range_end: bytes = b"") -> Watch:
+    async def watch(
+        self, key: bytes, start_revision: int, timeout: float, range_end: bytes = b"", *, events: bool = False
+    ) -> Watch:
         """Watch ``key`` (or the range up to ``range_end``) for deletions from
-        ``start_revision`` on (0: from now); returns once the request is written
-        (etcd confirms it on the stream: ``Watch.confirmed``)."""
+        ``start_revision`` on (0: from now), or with ``events`` for every put and
+        delete; returns once the request is written (etcd confirms it on the
+        stream: ``Watch.confirmed``)."""
         client = self._client
         if self._lock is None:
             self._lock = asyncio.Lock()
-        watch = Watch(key, range_end, start_revision)
+        watch = Watch(key, range_end, start_revision, events=events)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         async with asyncio.timeout_at(deadline):
@@ -95,7 +120,7 @@ class Watches:
                     self._creating.append(watch)
                     client.requests += 1
                     request = _wire.watch_create_request(
-                        key, range_end, start_revision=start_revision, filters=(_wire.NOPUT,)
+                        key, range_end, start_revision=start_revision, filters=() if events else (_wire.NOPUT,)
                     )
                     await self._call.write(request)
             except BaseException as exc:
@@ -157,6 +182,15 @@ class Watches:
         if result.canceled or result.compact_revision:
             del self._watches[result.watch_id]
             watch.fire("lost")
+            return
+        if watch.events is not None:
+            if not result.events:
+                return
+            watch.events.extend(result.events)
+            watch.changed.set()
+            if len(watch.events) > MAX_EVENTS:
+                watch.fire("lost")  # (its reader reads afresh)
+                self.unwatch(watch)
             return
         if any(event.type == _replies.DELETE for event in result.events):
             del self._watches[result.watch_id]

@@ -3,8 +3,11 @@
 Every primitive is queued on the server and handed over to the head waiter
 inside the release script. The plain lock is the fair lock, as on ZooKeeper
 and PostgreSQL: one string while uncontended, and a queue only while
-somebody waits (``_exclusive.py``). The read-write lock and the semaphore
-are one queued resource in shared modes (``_shared.py``). An acquire that
+somebody waits (``_exclusive.py``). An election is that lock under keys of
+its own, its holds carrying the candidates' identities and its changes of
+leader published on a channel of its own (``_election.py``). The
+read-write lock and the semaphore are one queued resource in shared modes
+(``_shared.py``). An acquire that
 finds the lock taken joins the queue in the same request; a hand-over is
 announced on a channel of the waiter's client alone (``_queue.py``), which
 the client's one pub/sub connection listens to (``_pubsub.py``). With
@@ -19,6 +22,7 @@ of Cluster and Redlock), ``sentinel.py``, ``cluster.py`` and ``redlock.py``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -31,9 +35,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._errors import BackendUnavailable, ConfigurationError
 from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_text, take_query
-from ..._values import LockInfo
-from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem, unsupported
+from ..._values import Leader, LockInfo
+from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
 from ._connection import Connection, address
+from ._election import Elections, RedisLeaderWatch, hold_of, server_hold
 from ._exclusive import ExclusiveLock
 from ._pubsub import PubSub
 from ._queue import Entered, Handovers, Waiting
@@ -44,6 +49,8 @@ __all__ = ["RedisBackend"]
 
 #: The kinds that are one exclusive lock (the plain lock is FIFO: it is the fair lock).
 EXCLUSIVE = frozenset({"lock", "fair"})
+#: The kinds served by an exclusive lock's scripts (an election is one under keys of its own).
+LINED = frozenset({"lock", "fair", "election"})
 
 
 class RedisBackend:
@@ -85,6 +92,9 @@ class RedisBackend:
         self._pubsub = PubSub(self.connection)
         self._handovers = Handovers(f"{prefix}:handover:{secrets.token_hex(8)}", self._pubsub)
         self._exclusive = ExclusiveLock(self.connection, prefix, self._handovers.channel)
+        self._elections = Elections(
+            ExclusiveLock(self.connection, prefix, self._handovers.channel, suffix="e", announces=True), self._pubsub
+        )
         self._shared = QueuedResource(self.connection, prefix, self._handovers.channel)
         # holds of this client that wait in a queue, until granted or released
         self._waiting: dict[str, Waiting] = {}
@@ -170,9 +180,7 @@ class RedisBackend:
     # -- the request protocol ----------------------------------------------------
 
     def check_kind(self, kind: Kind) -> None:
-        """Every lock primitive (no elections); with ``replicas=`` the plain and fair lock only."""
-        if kind == "election":
-            raise unsupported(self.kind, kind, "use ZooKeeper (zk://) or memory://")
+        """Every primitive; with ``replicas=`` the plain and fair lock and elections only."""
         if self.connection.replicas and kind in ("read", "write", "semaphore"):
             raise unsupported(
                 self.kind,
@@ -184,16 +192,26 @@ class RedisBackend:
         """The lock's own key; the plain and the fair lock of a name are one lock."""
         if ref.kind in EXCLUSIVE:
             return self._exclusive.key(ref.name)
+        if ref.kind == "election":
+            return self._elections.lock.key(ref.name)
         return self._shared.key(ref)
 
     def _queue(self, ref: LockRef) -> ExclusiveLock | QueuedResource:
-        return self._exclusive if ref.kind in EXCLUSIVE else self._shared
+        if ref.kind in EXCLUSIVE:
+            return self._exclusive
+        return self._elections.lock if ref.kind == "election" else self._shared
+
+    @staticmethod
+    def _hold(ref: LockRef, hold: str) -> str:
+        """``hold`` as the scripts know it: a candidate's carries its identity."""
+        return server_hold(hold, ref.identity) if ref.kind == "election" else hold
 
     async def _enter(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool, entry: bytes) -> Entered:
         """One acquire request to the queue that serves ``ref`` (``entry``: the hold's as last answered)."""
-        if ref.kind in EXCLUSIVE:
-            return await self._exclusive.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh, entry=entry)
-        return await self._shared.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
+        queue = self._queue(ref)
+        if isinstance(queue, ExclusiveLock):
+            return await queue.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh, entry=entry)
+        return await queue.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
 
     def lease_time(self, ttl: float) -> float:
         return ttl
@@ -203,6 +221,7 @@ class RedisBackend:
 
     async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
         self._pubsub.note_ttl(ttl)  # its health check keeps up with the locks it serves
+        hold = self._hold(ref, hold)
         handovers = self._handovers
         if enqueue:
             # Subscribed, and the hand-over slot registered, before the request
@@ -237,13 +256,15 @@ class RedisBackend:
         message was lost; one also follows a reconnect of the pub/sub
         connection (messages may have been missed meanwhile).
         """
+        hold = self._hold(ref, hold)
         waiting = self._waiting[hold]
         ticket = waiting.ticket
         loop = asyncio.get_running_loop()
         await ticket.wait(waiting.poll_at if until is None else min(until, waiting.poll_at))
         if ticket.token is not None and not self.connection.replicas:
-            if ref.kind in EXCLUSIVE:
-                self._exclusive.held(ref, hold, ttl, ticket.token)
+            queue = self._queue(ref)
+            if isinstance(queue, ExclusiveLock):
+                queue.held(ref, hold, ttl, ticket.token)
             return self._granted(hold, Acquired(ticket.token, confirmed_at=waiting.queued_at))
         # (With replicas, a hand-over by another client's release, which no
         # replica has confirmed to us, is confirmed by this request of our own:
@@ -271,35 +292,51 @@ class RedisBackend:
         return acquired
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
-        return await self._queue(ref).set_count(ref, hold, count, ttl)
+        return await self._queue(ref).set_count(ref, self._hold(ref, hold), count, ttl)
 
     async def release(self, ref: LockRef, hold: str) -> bool:
         """Release ``hold``, or take it out of the queue (and give back a hand-over that raced in)."""
+        hold = self._hold(ref, hold)
         self._unsure.discard(hold)
         waiting = self._waiting.pop(hold, None)
         self._handovers.forget(hold)
-        if ref.kind in EXCLUSIVE:
-            return await self._exclusive.release(ref, hold, waiting.entry if waiting is not None else b"")
-        return await self._shared.release(ref, hold)
+        queue = self._queue(ref)
+        if isinstance(queue, ExclusiveLock):
+            return await queue.release(ref, hold, waiting.entry if waiting is not None else b"")
+        return await queue.release(ref, hold)
 
     async def renew(self, items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
-        if all(item.ref.kind in EXCLUSIVE for item in items):
-            return await self._exclusive.renew(items)
-        if not any(item.ref.kind in EXCLUSIVE for item in items):
-            return await self._shared.renew(items)
-        exclusive = [i for i, item in enumerate(items) if item.ref.kind in EXCLUSIVE]
-        shared = [i for i, item in enumerate(items) if item.ref.kind not in EXCLUSIVE]
+        first = self._queue(items[0].ref) if items else self._exclusive
+        if all(item.ref.kind not in LINED for item in items) or all(item.ref.kind in EXCLUSIVE for item in items):
+            return await first.renew(items)
+        # holds of several kinds: each queue renews its own (a candidate's hold as the scripts know it)
+        groups: dict[ExclusiveLock | QueuedResource, list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault(self._queue(item.ref), []).append(index)
         results: list[bool | BaseException] = [False] * len(items)
-        for indexes, answers in (
-            (exclusive, await self._exclusive.renew([items[i] for i in exclusive])),
-            (shared, await self._shared.renew([items[i] for i in shared])),
-        ):
-            for index, answer in zip(indexes, answers, strict=True):
+        for queue, indexes in groups.items():
+            group = [items[i] for i in indexes]
+            if queue is self._elections.lock:
+                group = [RenewItem(item.ref, self._hold(item.ref, item.hold), item.ttl) for item in group]
+            for index, answer in zip(indexes, await queue.renew(group), strict=True):
                 results[index] = answer
         return results
 
     async def info(self, ref: LockRef) -> LockInfo:
-        return await self._queue(ref).info(ref)
+        info = await self._queue(ref).info(ref)
+        if ref.kind != "election" or info.owner is None:
+            return info
+        owner = hold_of(info.owner)[0]  # (the hold id: the front tells the identity)
+        return dataclasses.replace(info, owner=owner, holders=(owner,))
+
+    async def leader(self, ref: LockRef) -> Leader | None:
+        """The election's leader: its identity and token, in one read (``since`` is None)."""
+        found = await self._elections.leader(ref)
+        return None if found is None else found[0]
+
+    def observe(self, ref: LockRef) -> LeaderWatch:
+        """The leader after each message of the election's channel (see ``_election.py``)."""
+        return RedisLeaderWatch(self._elections, ref)
 
     async def names(self) -> list[str]:
         """Names of the plain (and fair) locks held under this client's prefix."""

@@ -122,6 +122,15 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
+def _refused_in_script(error: BaseException) -> bool:
+    """An ACL refusal of a command (or key, or channel) inside a script: redis-py gives it as a
+    plain ResponseError ("The user executing the script can't …", or NOPERM in its text)."""
+    if not isinstance(error, redis_errors.ResponseError):
+        return False
+    words = str(error)
+    return "The user executing the script can't" in words or "NOPERM" in words
+
+
 def refusal(exc: BaseException) -> str | None:
     """What the server refused if no retry can fix it (credentials, ACL, database, TLS), else None."""
     for error in _chain(exc):
@@ -129,6 +138,8 @@ def refusal(exc: BaseException) -> str | None:
             return f"refused the credentials: {str(error)!r}"
         if isinstance(error, redis_errors.NoPermissionError):
             return f"refused permission (ACL): {str(error)!r}"
+        if _refused_in_script(error):
+            return f"refused permission (ACL) to what asynclock's scripts do: {str(error)!r}"
         if isinstance(error, redis_errors.ResponseError) and "DB index is out of range" in str(error):
             return f"has no such database: {str(error)!r}"
         if isinstance(error, ssl.SSLCertVerificationError):

@@ -52,6 +52,7 @@ RELEASE = Script.load("exclusive_prelude.lua", "exclusive_release.lua")
 SET_COUNT = Script.load("exclusive_prelude.lua", "exclusive_set_count.lua")
 INFO = Script.load("exclusive_prelude.lua", "exclusive_info.lua")
 RENEW = Script.load("exclusive_renew.lua")
+LEADER = Script.load("exclusive_leader.lua")
 
 _FENCE = bulk(FENCE_LIFETIME_MS)
 _ONE, _ZERO, _EMPTY = bulk(1), bulk(0), bulk(b"")
@@ -69,27 +70,37 @@ class _Held:
 
 
 class ExclusiveLock:
-    """Plain and fair locks of one server; ``channel`` is this client's hand-over channel."""
+    """Plain and fair locks of one server; ``channel`` is this client's hand-over channel.
 
-    def __init__(self, connection: Connection, prefix: str, channel: str) -> None:
+    ``suffix`` names the kind of key (``x`` for the locks); with ``announces``
+    (elections) the scripts publish X's value on the channel ``X`` whenever
+    who holds X changes.
+    """
+
+    def __init__(
+        self, connection: Connection, prefix: str, channel: str, *, suffix: str = "x", announces: bool = False
+    ) -> None:
         self._connection = connection
         self._prefix = prefix
         self._channel = bulk(channel)
-        self._keys: dict[str, tuple[bytes, bytes]] = {}
+        self._suffix = suffix
+        self._announces = announces
+        # per name: X, Q, and the channel told of changes ('' for a lock), RESP-encoded
+        self._keys: dict[str, tuple[bytes, bytes, bytes]] = {}
         self._ttls: dict[float, bytes] = {}
         self._held: dict[str, _Held] = {}
 
     def key(self, name: str) -> str:
-        """The lock's string X, ``<prefix>:{<name>}:x``."""
-        return f"{self._prefix}:{{{name}}}:x"
+        """The lock's string X, ``<prefix>:{<name>}:<suffix>``."""
+        return f"{self._prefix}:{{{name}}}:{self._suffix}"
 
-    def _encoded(self, name: str) -> tuple[bytes, bytes]:
+    def _encoded(self, name: str) -> tuple[bytes, bytes, bytes]:
         keys = self._keys.get(name)
         if keys is None:
             if len(self._keys) >= KEY_CACHE:
                 self._keys.clear()
             x = self.key(name)
-            keys = self._keys[name] = (bulk(x), bulk(x + ":q"))
+            keys = self._keys[name] = (bulk(x), bulk(x + ":q"), bulk(x) if self._announces else _EMPTY)
         return keys
 
     def _ttl(self, ttl: float) -> bytes:
@@ -115,6 +126,7 @@ class ExclusiveLock:
         one they do not confirm is given back.
         """
         connection = self._connection
+        x, q, told = self._encoded(ref.name)
         args = (
             bulk(hold),
             self._ttl(ttl),
@@ -122,8 +134,9 @@ class ExclusiveLock:
             self._channel,
             _ONE if fresh else _ZERO,
             bulk(entry) if entry else _EMPTY,
+            told,
         )
-        keys = self._encoded(ref.name)
+        keys = (x, q)
         if not connection.replicas:
             answer = await connection.call(ACQUIRE, keys, args)
         else:
@@ -147,18 +160,19 @@ class ExclusiveLock:
     async def release(self, ref: LockRef, hold: str, entry: bytes = b"") -> bool:
         """Give up ``hold`` (to the head of the queue), or take it out of the queue."""
         known = self._held.pop(hold, None)
+        x, q, told = self._encoded(ref.name)
         args = (
             bulk(hold),
             _FENCE,
             bulk(known.token) if known is not None else _EMPTY,
             bulk(entry) if entry else _EMPTY,
+            told,
         )
-        return bool(await self._connection.call(RELEASE, self._encoded(ref.name), args))
+        return bool(await self._connection.call(RELEASE, (x, q), args))
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
-        answer = await self._connection.call(
-            SET_COUNT, self._encoded(ref.name), (bulk(hold), bulk(count), bulk(ms(ttl)))
-        )
+        x, q, _ = self._encoded(ref.name)
+        answer = await self._connection.call(SET_COUNT, (x, q), (bulk(hold), bulk(count), bulk(ms(ttl))))
         return bool(int(answer))
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
@@ -199,7 +213,8 @@ class ExclusiveLock:
         return results
 
     async def info(self, ref: LockRef) -> LockInfo:
-        answer = await self._connection.call(INFO, self._encoded(ref.name), ())
+        x, q, _ = self._encoded(ref.name)
+        answer = await self._connection.call(INFO, (x, q), ())
         holder, count, token, left, waiting = answer
         key = self.key(ref.name)
         owner = text(holder)
@@ -207,11 +222,20 @@ class ExclusiveLock:
             return LockInfo(ref.name, key, None, 0, None, int(waiting), None)
         return LockInfo(ref.name, key, owner, int(count), max(0, int(left)) / 1000, int(waiting), int(token))
 
+    async def leader(self, ref: LockRef) -> tuple[str, int, float | None] | None:
+        """Who holds X: the hold, its token and the seconds until its hold expires (None: it
+        does not expire, which only a hand-made X does); one read."""
+        answer = await self._connection.call(LEADER, self._encoded(ref.name)[:1], ())
+        if not answer:
+            return None
+        holder, token, left = answer
+        return text(holder) or "", int(token), None if int(left) < 0 else int(left) / 1000
+
     async def names(self) -> list[str]:
         """Names of the locks held under the prefix (a free lock's X holds only its last token)."""
         connection = self._connection
-        keys = await connection.scan(f"{self._prefix}:{{*}}:x")
-        start, end = len(self._prefix) + 2, len("}:x")
+        keys = await connection.scan(f"{self._prefix}:{{*}}:{self._suffix}")
+        start, end = len(self._prefix) + 2, len("}:") + len(self._suffix)
         found: list[str] = []
         for batch in range(0, len(keys), 1000):
             chunk = keys[batch : batch + 1000]

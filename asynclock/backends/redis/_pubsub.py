@@ -166,6 +166,11 @@ class PubSub:
             with contextlib.suppress(redis_errors.RedisError, OSError):
                 await conn.send_command("UNSUBSCRIBE", key)
 
+    def forget(self, channel: str) -> None:
+        """Stop delivering ``channel``'s messages, without I/O: the connection stays subscribed
+        (until it is made again) and drops them."""
+        self._routes.pop(channel.encode(), None)
+
     def _ensure_task(self) -> None:
         if self._task is None or self._task.done():
             self.failure = None

@@ -189,6 +189,14 @@ class ClusterBackend:
 
     def check_kind(self, kind: Kind) -> None:
         """Only the plain lock: the other primitives hand over on a per-client channel, which a shard cannot route."""
+        if kind == "election":
+            raise unsupported(
+                self.kind,
+                kind,
+                "its candidates' line hands leadership over on a channel of each candidate's client, which a "
+                "Cluster shard cannot route to it; use a single Redis server (redis://) or Sentinel "
+                "(redis+sentinel://)",
+            )
         if kind != "lock":
             raise unsupported(
                 self.kind,

@@ -209,6 +209,14 @@ class RedlockBackend:
 
     def check_kind(self, kind: Kind) -> None:
         """Only the plain lock."""
+        if kind == "election":
+            raise unsupported(
+                self.kind,
+                kind,
+                "an election needs one line of candidates and a token that grows from leader to leader, and "
+                "independent nodes keep neither (each orders its own line, and Redlock has no safe fencing "
+                "token); use a single Redis server (redis://), Sentinel, ZooKeeper or etcd",
+            )
         if kind != "lock":
             raise unsupported(self.kind, kind, "use several redis:// locks or a redis:// primitive")
 

@@ -5,13 +5,15 @@
 -- until the next poll), ARGV[3] 1: queue (or stay queued) if it cannot be had
 -- now, 0: never queue, ARGV[4] the channel of the caller's client, ARGV[5] 1
 -- on the first request of this hold id (it cannot be queued yet), ARGV[6] its
--- queue entry as last answered ('' if none)
+-- queue entry as last answered ('' if none), ARGV[7] an election's channel,
+-- told X's value whenever this call changes who holds X ('' or absent: a lock)
 -- returns the token (an integer) if ARGV[1] holds it now (just taken, or
 -- already: a retry, a poll after a hand-over; its expiry is reset to ARGV[2]
 -- from now), else a string "<ms until the holder's lease ends if ARGV[1]
 -- heads the queue, -1 otherwise> <its queue entry, empty if not queued>"
 
 local hold, ttl = ARGV[1], tonumber(ARGV[2])
+E = ARGV[7] or ''
 local v = redis.call('GET', X)
 local tok, count, flag, exp, holder
 if v then
@@ -19,11 +21,13 @@ if v then
   if not holder then -- free: nobody is queued (a release hands over while anybody is)
     local t = token(tonumber(v))
     hold_x(t, 1, '-', hold, ttl)
+    announce()
     return t
   end
 elseif redis.call('EXISTS', Q) == 0 then -- never used, expired or lost, and nobody queued
   local t = token(nil)
   hold_x(t, 1, '-', hold, ttl)
+  announce()
   return t
 end
 if holder == hold then -- a retry, or a poll after a hand-over: still ours
@@ -33,12 +37,17 @@ end
 if not holder then -- the holder expired while others are queued: the queue goes first
   local t
   holder, t, exp = serve(nil, hold)
-  if holder == hold then return t end
+  if holder == hold then
+    announce()
+    return t
+  end
   if not holder then -- nobody queued is alive
     t = token(t)
     hold_x(t, 1, '-', hold, ttl)
+    announce()
     return t
   end
+  announce()
   flag = 'q'
 end
 if ARGV[3] ~= '1' then return '-1 ' end

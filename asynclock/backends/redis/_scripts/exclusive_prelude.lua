@@ -1,4 +1,5 @@
--- What the exclusive lock's scripts share (see _exclusive.py for the layout).
+-- What the exclusive lock's scripts share (see _exclusive.py for the layout;
+-- an election is the same lock under keys of its own, see _election.py).
 -- KEYS[1] is always the lock X, KEYS[2] its queue Q.
 
 local X, Q = KEYS[1], KEYS[2]
@@ -14,6 +15,13 @@ local function clock()
 end
 
 local function num(x) return string.format('%.0f', x) end
+
+-- an election's channel ('' for a lock): a script that changes who holds X
+-- sets it from its arguments, and calls announce() after the change
+local E = ''
+local function announce()
+  if E ~= '' then redis.call('PUBLISH', E, redis.call('GET', X) or '') end
+end
 
 -- a new token: one more than the last, and never below the server's clock in us
 local function token(last)

@@ -4,7 +4,8 @@
 -- KEYS[1] X, KEYS[2] Q
 -- ARGV[1] hold id, ARGV[2] how long a free lock keeps its last token, in ms,
 -- ARGV[3] the hold's token ('' if unknown), ARGV[4] its queue entry as last
--- answered ('' if none)
+-- answered ('' if none), ARGV[5] an election's channel, told X's value
+-- whenever this call changes who holds X ('' or absent: a lock)
 -- returns 1 released, 0 not the holder (its queue entry, if any, is gone)
 --
 -- With the token known, one SET ... GET both frees the lock and reads what it
@@ -12,6 +13,7 @@
 -- expiry is in the value).
 
 local hold, keep = ARGV[1], ARGV[2]
+E = ARGV[5] or ''
 local v
 if ARGV[3] ~= '' then
   v = redis.call('SET', X, ARGV[3], 'PX', keep, 'GET')
@@ -27,6 +29,7 @@ if holder == hold then
   elseif ARGV[3] ~= tok then
     redis.call('SET', X, tok, 'PX', keep)
   end
+  announce()
   return 1
 end
 if ARGV[3] ~= '' then -- put back what the SET replaced
@@ -44,7 +47,11 @@ if at then
   if not holder and redis.call('EXISTS', Q) == 1 then
     -- no live holder while others are queued: the next in line goes now
     local got, t = serve(v and tonumber(v), nil)
-    if not got and t then redis.call('SET', X, num(t), 'PX', keep) end
+    if got then
+      announce()
+    elseif t then
+      redis.call('SET', X, num(t), 'PX', keep)
+    end
   end
 end
 return 0
