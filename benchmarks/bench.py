@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import io
 import json
 import math
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -26,7 +32,7 @@ from typing import Any
 
 from . import report
 from .servers import PG_WORK_SQL, Servers, process_tree_cpu, server_counter, started
-from .subjects import BY_KEY, PEERS, SUBJECTS, Subject, async_client, thread_client
+from .subjects import BEFORE_ENV, BY_KEY, PEERS, SUBJECTS, Subject, add_before, async_client, thread_client
 from .workload import (
     Counter,
     contention_metrics,
@@ -75,6 +81,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="where to write results")
     parser.add_argument("--procs", type=int, help="processes the contended and herd workers are spread over")
     parser.add_argument("--window", type=float, help="seconds each contended run lasts")
+    parser.add_argument(
+        "--before", metavar="REV", help="also measure asynclock at the git revision REV, and compare it with this tree"
+    )
     args = parser.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -85,6 +94,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if scenario not in SCENARIOS:
             parser.error(f"unknown scenario {scenario!r}")
     return args
+
+
+def add_revision(rev: str) -> str:
+    """Measure asynclock at ``rev`` too: a copy of its package, importable as ``asynclock_before``."""
+    root = Path(__file__).resolve().parent.parent
+    where = tempfile.mkdtemp(prefix="asynclock-before-")
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    archive = subprocess.run(["git", "archive", rev, "asynclock"], cwd=root, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(where, filter="data")
+    os.rename(os.path.join(where, "asynclock"), os.path.join(where, "asynclock_before"))
+    short = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    os.environ[BEFORE_ENV] = f"{where}\n{short}"  # the worker processes read it when they import the subjects
+    added = add_before(where, short)
+    log(f"also measuring asynclock at {short}: {', '.join(s.key for s in added) or 'no backend'}")
+    return short
 
 
 def machine() -> dict[str, Any]:
@@ -121,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = dataclasses.replace(plan, window=args.window, herd_window=args.window)
     install_redis_counter()
     install_asyncpg_counter()
+    before = add_revision(args.before) if args.before else None
     chosen = [s for s in SUBJECTS if s.backend in args.backends and not (args.no_peers and s.key in PEERS)]
     results: dict[str, Any] = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -128,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "plan": plan.__dict__,
         "machine": machine(),
         "skipped": {},
+        "before": before,
     }
     log(f"starting servers for {', '.join(args.backends)}")
     with started(args.backends) as servers:
@@ -158,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             results["election"] = asyncio.run(election(servers, plan, results["skipped"]))
     results["load_avg_end"] = os.getloadavg()
     results["targets"] = report.targets(results)
+    results["before_after"] = report.before_after(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = report.markdown(results)
@@ -557,7 +587,8 @@ async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skippe
     out: dict[str, Any] = {}
     for subject in subjects:
         if not subject.key.startswith("asynclock-") or subject.key.endswith("-fair"):
-            continue  # (the fair lock's watchdog is the same batching as the plain lock's)
+            # (not an earlier revision; the fair lock's watchdog is the plain lock's batching)
+            continue
         # (PostgreSQL: all the locks held at once share the server's lock table,
         # max_locks_per_transaction x max_connections entries: 6,400 by default)
         sizes = plan.watchdog if subject.backend not in ("zookeeper", "etcd", "postgres") else plan.watchdog[:1]

@@ -143,6 +143,46 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
+#: What ``--before REV`` compares: (table, field, what it is, higher is better, a difference too small to count).
+_COMPARED = (
+    ("uncontended", "median_us", "uncontended pair, median µs", False, 1.0),
+    ("uncontended", "p99_us", "uncontended pair, p99 µs", False, 1.0),
+    ("contended", "per_s", "contended acquisitions/s", True, 0.0),
+    ("contended", "handoff_median_ms", "hand-over median ms", False, 0.01),
+    ("contended", "handoff_p99_ms", "hand-over p99 ms", False, 0.01),
+    ("contended", "client_cpu_ms_per_acq", "client CPU ms per acquisition", False, 0.005),
+    ("contended", "commands_per_acq", "server commands per acquisition", False, 0.05),
+)
+#: A change smaller than this share of the earlier figure is within the machine's noise.
+NOISE = 0.10
+
+
+def before_after(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each figure of asynclock at an earlier revision (``before-X``) beside this tree's (``asynclock-X``)."""
+    rows: list[dict[str, Any]] = []
+    backends = sorted(
+        {
+            k.removeprefix("before-")
+            for t in ("uncontended", "contended")
+            for k in results.get(t, {})
+            if k.startswith("before-")
+        }
+    )
+    for backend in backends:
+        for table, field, what, higher, least in _COMPARED:
+            old = results.get(table, {}).get(f"before-{backend}", {}).get(field)
+            new = results.get(table, {}).get(f"asynclock-{backend}", {}).get(field)
+            if old is None or new is None:
+                continue
+            gain = (new - old) if higher else (old - new)  # > 0: better
+            if abs(gain) <= least or abs(gain) <= NOISE * abs(old):
+                verdict = "same"
+            else:
+                verdict = "better" if gain > 0 else "**worse**"
+            rows.append({"backend": backend, "figure": what, "before": old, "after": new, "verdict": verdict})
+    return rows
+
+
 def verdict(checks: list[dict[str, Any]]) -> tuple[int, str]:
     """``--check``'s exit status (1 when a target measured in the run is missed) and its one-line summary."""
     missed = [c["target"] for c in checks if c["met"] is False]
@@ -319,6 +359,19 @@ def markdown(results: dict[str, Any]) -> str:
             met = {True: "yes", False: "**no**", None: "not measured"}[c["met"]]
             sign = "≥" if c["at_least"] else "≤"
             lines.append(f"| {c['target']} | {_f(c['value'])}{c['unit']} | {sign} {c['limit']:g}{c['unit']} | {met} |")
+        lines.append("")
+    compared = results.get("before_after") or []
+    if compared:
+        rev = results.get("before", "an earlier revision")
+        lines += [
+            f"**Before and after** (asynclock at {rev} and this tree, in the same run; a change within "
+            f"{NOISE:.0%} is noise)",
+            "",
+            "| backend | figure | before | after | |",
+            "| --- | --- | ---: | ---: | --- |",
+        ]
+        for r in compared:
+            lines.append(f"| {r['backend']} | {r['figure']} | {_f(r['before'])} | {_f(r['after'])} | {r['verdict']} |")
         lines.append("")
     context = _context(results)
     if context:

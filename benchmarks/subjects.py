@@ -14,8 +14,11 @@ dropped (see :func:`missing`).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import importlib.util
+import os
 import secrets
+import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,6 +46,7 @@ class Subject:
     contended: bool  # takes part in the contention and herd runs
     needs: tuple[str, ...]  # importable modules it needs
     note: str = ""
+    before: bool = False  # asynclock at an earlier revision (``--before REV``)
 
     def missing(self) -> list[str]:
         return [module for module in self.needs if importlib.util.find_spec(module) is None]
@@ -69,6 +73,49 @@ SUBJECTS: list[Subject] = [
 
 BY_KEY = {subject.key: subject for subject in SUBJECTS}
 
+#: Where ``--before REV`` put a copy of asynclock at REV (as the package ``asynclock_before``), and REV:
+#: set in the environment, so that the worker processes measure the same copy.
+BEFORE_ENV = "ASYNCLOCK_BENCH_BEFORE"
+#: The backends whose module names say they exist in a copy of asynclock.
+_BACKEND_MODULES = {
+    "memory": "memory",
+    "redis": "redis",
+    "zookeeper": "zookeeper",
+    "postgres": "postgres",
+    "etcd": "etcd",
+}
+
+
+def add_before(where: str, rev: str) -> list[Subject]:
+    """Measure the copy of asynclock in ``where`` (``asynclock_before``, from ``rev``) beside the working tree.
+
+    One subject per backend the copy has, keyed ``before-<backend>``, with the
+    backend's server, in the uncontended, contended and herd runs.
+    """
+    if where not in sys.path:
+        sys.path.insert(0, where)
+    backends = os.path.join(where, "asynclock_before", "backends")
+    added = []
+    for backend, module in _BACKEND_MODULES.items():
+        if not (
+            os.path.exists(os.path.join(backends, module + ".py")) or os.path.isdir(os.path.join(backends, module))
+        ):
+            continue
+        key = f"before-{backend}"
+        if key in BY_KEY:
+            continue
+        scheme = {"zookeeper": "zk", "postgres": "postgresql"}.get(backend, backend)
+        twin = BY_KEY[f"asynclock-{backend}"]
+        subject = Subject(key, f"asynclock {scheme}:// at {rev}", backend, False, False, True, twin.needs, before=True)
+        SUBJECTS.append(subject)
+        BY_KEY[key] = subject
+        added.append(subject)
+    return added
+
+
+if os.environ.get(BEFORE_ENV):
+    add_before(*os.environ[BEFORE_ENV].split("\n", 1))
+
 #: The peers that are not part of asynclock (``--no-peers`` leaves them out).
 PEERS = {"redis-py-0.1", "redis-py-0.001", "python-redis-lock", "pottery", "aiozk", "kazoo"}
 
@@ -94,13 +141,13 @@ class AsyncClient:
 
 
 class AsynclockClient(AsyncClient):
-    def __init__(self, fair: bool = False) -> None:
+    def __init__(self, fair: bool = False, module: str = "asynclock") -> None:
         self.locks: Any = None
         self.fair = fair
+        self.module = module  # asynclock, or a copy of it at another revision
 
     async def open(self, url: str) -> None:
-        import asynclock
-
+        asynclock = importlib.import_module(self.module)
         self.locks = asynclock.connect(url, ttl=TTL)
         await self.locks.__aenter__()
 
@@ -407,6 +454,8 @@ def _zk_hosts(url: str) -> str:
 def async_client(key: str) -> AsyncClient:
     if key.startswith("asynclock-"):
         return AsynclockClient(fair=key.endswith("-fair"))
+    if key.startswith("before-"):
+        return AsynclockClient(module="asynclock_before")
     factories: dict[str, Any] = {
         "raw-redis": RawRedisClient,
         "redis-py-0.1": lambda: RedisPyClient(0.1),

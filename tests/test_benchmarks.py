@@ -196,3 +196,38 @@ def test_verdict_fails_the_run_only_on_a_measured_miss() -> None:
     partial = {"connections": {"hold_many": {"asked": 1000, "held": 990, "connections": 2}}}
     status, summary = report.verdict(report.targets(partial))
     assert status == 1 and "PostgreSQL connections for 1,000 held locks" in summary
+
+
+def test_before_after_compares_each_backend_of_the_earlier_revision() -> None:
+    from benchmarks import report
+
+    results = {
+        "uncontended": {
+            "before-redis": {"median_us": 300.0, "p99_us": 400.0},
+            "asynclock-redis": {"median_us": 190.0, "p99_us": 410.0},
+            "asynclock-etcd": {"median_us": 900.0, "p99_us": 1000.0},  # no earlier figure: not compared
+        },
+        "contended": {
+            "before-redis": {"per_s": 700.0, "handoff_p99_ms": 0.3, "handoff_median_ms": 0.001},
+            "asynclock-redis": {"per_s": 500.0, "handoff_p99_ms": 2.2, "handoff_median_ms": 0.004},
+        },
+    }
+    rows = {row["figure"]: row for row in report.before_after(results)}
+    assert {row["backend"] for row in rows.values()} == {"redis"}
+    assert rows["uncontended pair, median µs"]["verdict"] == "better"
+    assert rows["uncontended pair, p99 µs"]["verdict"] == "same"  # within the noise band
+    assert rows["contended acquisitions/s"]["verdict"] == "**worse**"  # higher is better
+    assert rows["hand-over p99 ms"]["verdict"] == "**worse**"
+    assert rows["hand-over median ms"]["verdict"] == "same"  # too small a difference to count
+    assert "client CPU ms per acquisition" not in rows  # measured by neither
+    table = report.markdown(
+        {  # (only the comparison: the other tables want a whole run's fields)
+            "machine": {"cpus": 2, "cpu_model": "x", "python": "3", "load_avg": [0.0], "libraries": {}},
+            "when": "now",
+            "quick": False,
+            "before": "abc1234",
+            "before_after": report.before_after(results),
+        }
+    )
+    assert "**Before and after** (asynclock at abc1234" in table
+    assert "| redis | contended acquisitions/s | 700.00 | 500.00 | **worse** |" in table
