@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode
 
 import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.cluster import ClusterBackend
 from asynclock.testing.conformance import ServerContract
-from tests.harness import Harness, eventually
+from tests.harness import eventually
+from tests.harness_cluster import ClusterHarness, cluster_backend
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.redis_topologies import ClusterSetup
@@ -29,42 +29,10 @@ from tests.servers.redis_topologies import ClusterSetup
 pytestmark = pytest.mark.anyio
 
 
-class ClusterHarness(Harness):
-    kind = "redis+cluster"
-    can_pause = True
-
-    def __init__(self, cluster: ClusterSetup) -> None:
-        super().__init__()
-        self.cluster = cluster
-        self.admin = aioredis.RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", s.port) for s in cluster.servers])
-
-    @property
-    def url(self) -> str:
-        return self.cluster.url
-
-    async def expire(self, name: str) -> bool:
-        return bool(await self.admin.delete(f"{self.prefix}:{{{name}}}"))
-
-    async def keys(self) -> list[str]:
-        return [k.decode() async for k in self.admin.scan_iter(match=f"{self.prefix}:*")]
-
-    async def leftovers(self) -> list[str]:
-        return [key for key in await self.keys() if not key.endswith(":fence")]
-
-    async def close(self) -> None:
-        for key in await self.keys():
-            await self.admin.delete(key)
-        await self.admin.aclose()
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ClusterSetup]:
-    setup = ClusterSetup(3)
-    try:
-        setup.start()
-        yield setup
-    finally:
-        setup.cleanup()
+@pytest.fixture
+def cluster(redis_cluster: ClusterSetup) -> ClusterSetup:
+    """The session's cluster."""
+    return redis_cluster
 
 
 @pytest.fixture
@@ -76,12 +44,6 @@ async def harness(cluster: ClusterSetup) -> AsyncIterator[ClusterHarness]:
 
 class TestContract(ServerContract):
     """The conformance suite, on the cluster (with this module's ``harness``)."""
-
-
-def cluster_backend(locks: asynclock.Locks) -> ClusterBackend:
-    backend = locks.backend
-    assert isinstance(backend, ClusterBackend)
-    return backend
 
 
 async def script_calls(cluster: ClusterSetup) -> int:
@@ -239,7 +201,7 @@ async def test_a_silently_dead_shard_connection_is_replaced_and_releases_arrive_
             shard = next(shard for shard in shards._shards.values() if channel in shard.channels)
             arrived: list[bytes] = []
             real = shards.message
-            shards.message = lambda channel: (arrived.append(channel), real(channel))[1]  # type: ignore[method-assign]
+            shards.message = lambda channel, payload: (arrived.append(channel), real(channel, payload))[1]  # type: ignore[method-assign]
             proxy.blackhole_client(shard._conn._writer.get_extra_info("sockname")[1])
             silenced = loop.time()
             # the dead connection stays subscribed on the server; a new one joins it
