@@ -147,6 +147,119 @@ async def test_a_slot_that_moves_during_a_hold(harness: ClusterHarness, cluster:
     assert order == ["released", "waiter got it"]
 
 
+class Leading:
+    """A candidate of ``election`` in a task of its own: leads until told to resign."""
+
+    def __init__(self, election: asynclock.Election) -> None:
+        self.led = asyncio.Event()
+        self.go = asyncio.Event()
+        self.token: int | None = None
+        self.task = asyncio.create_task(self._run(election))
+
+    async def _run(self, election: asynclock.Election) -> None:
+        async with election.leadership() as term:
+            self.token = term.token
+            self.led.set()
+            await self.go.wait()
+            await election.resign()
+
+    async def leads(self, within: float) -> int:
+        async with asyncio.timeout(within):
+            await self.led.wait()
+        assert self.token is not None
+        return self.token
+
+
+async def subscribed_on(node: aioredis.Redis, channel: str, within: float = scaled(10)) -> None:
+    """Wait (a test's bounded look) until ``node`` has a subscriber of the shard channel ``channel``."""
+    async with asyncio.timeout(within):
+        while channel.encode() not in await shard_channels(node):
+            await asyncio.sleep(0.02)
+
+
+async def test_an_election_hands_over_on_a_shard_channel_in_its_slot(
+    harness: ClusterHarness, cluster: ClusterSetup
+) -> None:
+    """The waiting candidate's client listens on its hand-over channel of that election, a shard
+    channel in the election's slot, on the slot's node; a resign reaches it there at once (its
+    30 s ttl would make a poll come 10 s later)."""
+    first, second = harness.connect(ttl=30), harness.connect(ttl=30)
+    backend = cluster_backend(second)
+    key = backend.lock_key(LockRef("election", "sched"))
+    channel = backend.handover_channel("sched")
+    assert backend.cluster.keyslot(channel) == backend.cluster.keyslot(key)
+    leader = Leading(first.election("sched", identity="first"))
+    token = await leader.leads(scaled(5))
+    waiting = Leading(second.election("sched", identity="second"))
+    node = aioredis.Redis(host="127.0.0.1", port=cluster.owner_of(backend.cluster.keyslot(key)).port)
+    try:
+        await subscribed_on(node, channel)
+        async with asyncio.timeout(scaled(5)):  # (subscribed first, then in line)
+            while (await first.election("sched").info()).waiters != 1:
+                await asyncio.sleep(0.02)
+        loop = asyncio.get_running_loop()
+        resigned = loop.time()
+        leader.go.set()
+        assert await waiting.leads(scaled(2)) > token
+        assert loop.time() - resigned < scaled(2)
+        await leader.task
+        seen = await first.election("sched").leader()
+        assert seen is not None and seen.identity == "second"
+        waiting.go.set()
+        await waiting.task
+    finally:
+        await node.aclose()
+
+
+async def test_an_election_whose_slot_moves_keeps_its_line_hand_overs_and_observers(
+    harness: ClusterHarness, cluster: ClusterSetup
+) -> None:
+    """A live migration of the election's slot: the leader's hold and the line move with it,
+    the waiting candidate's hand-over channel and the observer's channel are subscribed again
+    on the new node, and the resign after the move reaches both at once."""
+    first, second, watcher = harness.connect(ttl=30), harness.connect(ttl=30), harness.connect(ttl=30)
+    backend = cluster_backend(second)
+    key = backend.lock_key(LockRef("election", "moving"))
+    slot = backend.cluster.keyslot(key)
+    changes = watcher.election("moving").observe()
+    assert await anext(changes) is None
+    leader = Leading(first.election("moving", identity="first"))
+    await leader.leads(scaled(5))
+    seen = await asyncio.wait_for(anext(changes), scaled(5))
+    assert seen is not None and seen.identity == "first"
+    waiting = Leading(second.election("moving", identity="second"))
+    source = cluster.owner_of(slot)
+    old_node = aioredis.Redis(host="127.0.0.1", port=source.port)
+    try:
+        await subscribed_on(old_node, backend.handover_channel("moving"))
+        async with asyncio.timeout(scaled(5)):  # (subscribed first, then in line)
+            while (await watcher.election("moving").info()).waiters != 1:
+                await asyncio.sleep(0.02)
+    finally:
+        await old_node.aclose()
+    target = next(server for server in cluster.servers if server is not source)
+    await asyncio.to_thread(cluster.move_slot, slot, target)
+    new_node = aioredis.Redis(host="127.0.0.1", port=target.port)
+    try:
+        assert await new_node.exists(key, key + ":q") == 2, "the hold and the line moved with the slot"
+        await subscribed_on(new_node, backend.handover_channel("moving"))
+        await subscribed_on(new_node, key)  # the observer's
+    finally:
+        await new_node.aclose()
+    assert not waiting.led.is_set()
+    loop = asyncio.get_running_loop()
+    resigned = loop.time()
+    leader.go.set()
+    await waiting.leads(scaled(2))  # by SPUBLISH on the new node, not by a poll 10 s later
+    assert loop.time() - resigned < scaled(2)
+    async with asyncio.timeout(scaled(5)):
+        while (seen := await anext(changes)) is None or seen.identity != "second":
+            pass
+    waiting.go.set()
+    await asyncio.gather(leader.task, waiting.task)
+    await changes.aclose()  # type: ignore[attr-defined]
+
+
 async def test_a_silently_dead_shard_connection_is_replaced_and_releases_arrive_again(
     harness: ClusterHarness, cluster: ClusterSetup
 ) -> None:
@@ -277,15 +390,26 @@ async def test_a_dead_primary_costs_only_the_locks_in_its_slots(own_cluster: Clu
         spared = next(name for name in names if owners[name] is not victim)
         lease = await holder.lock(doomed).acquire()
         kept = await holder.lock(spared).acquire()
+        # an election lives in its name's slot too: a leader on the dead node loses its term
+        lost_leader = Leading(holder.election(doomed, identity="doomed"))
+        kept_leader = Leading(holder.election(spared, identity="spared"))
+        await lost_leader.leads(scaled(5))
+        await kept_leader.leads(scaled(5))
         victim.kill()
         # its renewals cannot reach the slot's node: lost by the trusted deadline, never kept
         await asyncio.wait_for(lease.wait_lost(), scaled(10))
+        with pytest.raises(asynclock.LockLost):
+            await asyncio.wait_for(lost_leader.task, scaled(10))
         with pytest.raises(BackendUnavailable):
             async with asyncio.timeout(scaled(20)):  # nothing hangs
                 await other.lock(doomed).acquire(timeout=ttl)
         # the other nodes' slots go on: renewed, exclusive, and free once released
         await asyncio.sleep(ttl)
-        assert not kept.lost
+        assert not kept.lost and not kept_leader.task.done()
+        seen = await other.election(spared).leader()
+        assert seen is not None and seen.identity == "spared"
+        kept_leader.go.set()
+        await kept_leader.task
         with pytest.raises(LockTimeout):
             await other.lock(spared).acquire(timeout=0)
         await holder.lock(spared).release()

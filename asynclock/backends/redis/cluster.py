@@ -218,6 +218,11 @@ class ClusterBackend:
         """Where releases of ``name`` are announced (its shard channel)."""
         return self._hash.channel(name)
 
+    def handover_channel(self, name: str) -> str:
+        """Where this client hears that the election ``name`` was handed to one of its
+        candidates (a shard channel in the election's slot)."""
+        return self._line.handover_channel(name)
+
     # -- the request protocol ----------------------------------------------------
 
     def check_kind(self, kind: Kind) -> None:
