@@ -448,6 +448,7 @@ async def test_a_frozen_leader_is_replaced_and_finds_its_term_lost_when_it_resum
     [
         ("postgresql://me@127.0.0.1:1/db", ""),
         ("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "independent nodes keep neither"),
+        ("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "Redis Cluster (redis+cluster://)"),
     ],
 )
 async def test_a_backend_without_elections_refuses_before_any_io(url: str, why: str) -> None:
