@@ -356,9 +356,15 @@ async def test_a_refusal_by_the_cluster_is_a_configuration_error(
             with pytest.raises(ConfigurationError) as caught:
                 async with asyncio.timeout(scaled(3)):  # not retried for a ttl (30 s)
                     await locks.lock("refused").acquire()
+            # a candidate too, whose client subscribes to its hand-over channel first
+            with pytest.raises(ConfigurationError) as refused:
+                async with asyncio.timeout(scaled(3)):
+                    async with locks.election("refused").leadership():
+                        pass
+            assert cluster_backend(locks)._listening == {}, "the refused candidate's subscription is let go"
         text = str(caught.value)
         assert f"127.0.0.1:{cluster.servers[0].port}" in text and words in text, text
-        assert password not in text
+        assert password not in text and password not in str(refused.value)
         assert all(password not in record.getMessage() for record in caplog.records)
 
 

@@ -29,7 +29,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import ConfigurationError
+from ..._errors import BackendUnavailable, ConfigurationError
 from ..._timing import RETRY_FIRST
 from ...abc import BackendHooks
 from ._connection import Connection
@@ -104,29 +104,29 @@ class ShardListener:
     async def unsubscribe(self, name: str) -> None:
         channel = self._channel_of(name).encode()
         self._names.pop(channel, None)
-        await self._drop(channel)
+        for shard in self._shards.values():
+            if channel in shard.channels:
+                await shard.unsubscribe(channel)
 
     async def route(
         self, channel: str, on_message: OnMessage, on_resync: OnResync, *, wait_connect: bool = True
     ) -> None:
         """Deliver every message of the shard channel ``channel`` to ``on_message`` until
-        ``unroute`` (or ``forget``), and call ``on_resync`` after each gap in its subscription.
+        ``forget``, and call ``on_resync`` after each gap in its subscription.
 
         Returns once the slot's node confirmed the subscription, or (bounded)
         it did not in time: then ``on_resync`` is called once it is
-        subscribed. Raises ConfigurationError if the node refuses the
-        connection for good. (``wait_connect``: always, as a Cluster's
-        connections are made per node on demand.)
+        subscribed. Raises ConfigurationError if the cluster refuses the
+        client for good. (``wait_connect``: always, as a Cluster's connections
+        are made per node on demand.)
         """
         key = channel.encode()
         self._routes[key] = (on_message, on_resync)
+        # A fresh client knows no slot yet; a route is asked for before the
+        # request it must precede (a lock waiter's subscription follows one).
+        with contextlib.suppress(BackendUnavailable), self.connection.edge:
+            await self._cluster.initialize()  # (not reachable yet: placed after a refresh)
         await self._place(key)
-
-    async def unroute(self, channel: str) -> None:
-        """Stop delivering ``channel``'s messages, and unsubscribe it."""
-        key = channel.encode()
-        self._routes.pop(key, None)
-        await self._drop(key)
 
     def forget(self, channel: str) -> None:
         """Stop delivering ``channel``'s messages, without I/O: the node's connection stays
@@ -149,13 +149,6 @@ class ShardListener:
         failure = shard.failure
         if failure is not None:
             raise ConfigurationError(str(failure)) from failure.__cause__
-
-    async def _drop(self, channel: bytes) -> None:
-        if channel in self._names or channel in self._routes:
-            return  # wanted again meanwhile
-        for shard in self._shards.values():
-            if channel in shard.channels:
-                await shard.unsubscribe(channel)
 
     def message(self, channel: bytes, payload: bytes) -> None:
         route = self._routes.get(channel)

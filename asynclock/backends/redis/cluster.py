@@ -263,7 +263,11 @@ class ClusterBackend:
         if enqueue:
             # Subscribed to this election's hand-over channel, and the hand-over
             # slot registered, before the request that may queue the hold.
-            await self._listen(ref.name, hold)
+            try:
+                await self._listen(ref.name, hold)
+            except BaseException:
+                self._done(ref.name, hold)  # (no request was made for it)
+                raise
             ticket = self._tickets.expect(hold)
         fresh = hold not in self._unsure
         sent = asyncio.get_running_loop().time()
@@ -430,9 +434,10 @@ class ClusterBackend:
             await self._shards.unsubscribe(name)
 
     async def aclose(self) -> None:
-        for listening in self._listening.values():
-            if listening.task is not None:
-                listening.task.cancel()
+        routing = [listening.task for listening in self._listening.values() if listening.task is not None]
+        for task in routing:
+            task.cancel()
+        await asyncio.gather(*routing, return_exceptions=True)
         self._listening.clear()
         self._waiting.clear()
         if self._shards is not None:
