@@ -1,9 +1,12 @@
-"""Redis Cluster: a real three-primary cluster made by the fixtures.
+"""Redis Cluster: a real three-primary cluster made by the fixtures (the session's, but
+for tests that kill or pause a node).
 
 The whole contract suite runs here too (the ``harness`` fixture below
 overrides the per-backend one), then what only a cluster has: renewals
-grouped by slot, wake-ups by sharded pub/sub, and a slot that moves to
-another node while its lock is held.
+grouped by slot, wake-ups by sharded pub/sub, a slot that moves to another
+node while its lock is held, and an election's hand-overs on shard channels
+of its slot (the generic election tests run on the cluster in
+``test_election.py``).
 """
 
 from __future__ import annotations
