@@ -17,7 +17,7 @@ from tests.harness import Harness, MemoryHarness, RedisHarness
 from tests.servers import RedisServer
 from tests.servers.etcd import EtcdServer
 from tests.servers.postgres import PostgresServer
-from tests.servers.redis_topologies import RedisNodes
+from tests.servers.redis_topologies import ClusterSetup, RedisNodes
 from tests.servers.zookeeper import ZooKeeperServer
 
 BACKENDS = ["memory", "redis", "postgres", "zookeeper", "redlock", "etcd"]
@@ -145,6 +145,17 @@ def redlock_nodes() -> Iterator[RedisNodes]:
         nodes.cleanup()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterSetup]:
+    """A Redis Cluster of three primaries for the session (tests that kill a node make their own)."""
+    setup = ClusterSetup(3)
+    try:
+        setup.start()
+        yield setup
+    finally:
+        setup.cleanup()
+
+
 @pytest.fixture(params=BACKENDS)
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     async with make_harness(request, request.param) as h:
@@ -174,6 +185,10 @@ def make_harness(request: pytest.FixtureRequest, kind: str) -> Harness:
         from tests.harness_redlock import RedlockHarness
 
         h = RedlockHarness(request.getfixturevalue("redlock_nodes"))
+    elif kind == "redis+cluster":
+        from tests.harness_cluster import ClusterHarness
+
+        h = ClusterHarness(request.getfixturevalue("redis_cluster"))
     else:  # pragma: no cover
         raise AssertionError(kind)
     return h

@@ -1,9 +1,12 @@
-"""Redis Cluster: a real three-primary cluster made by the fixtures.
+"""Redis Cluster: a real three-primary cluster made by the fixtures (the session's, but
+for tests that kill or pause a node).
 
 The whole contract suite runs here too (the ``harness`` fixture below
 overrides the per-backend one), then what only a cluster has: renewals
-grouped by slot, wake-ups by sharded pub/sub, and a slot that moves to
-another node while its lock is held.
+grouped by slot, wake-ups by sharded pub/sub, a slot that moves to another
+node while its lock is held, and an election's hand-overs on shard channels
+of its slot (the generic election tests run on the cluster in
+``test_election.py``).
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode
 
 import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.cluster import ClusterBackend
 from asynclock.testing.conformance import ServerContract
-from tests.harness import Harness, eventually
+from tests.harness import eventually
+from tests.harness_cluster import ClusterHarness, cluster_backend
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.redis_topologies import ClusterSetup
@@ -29,42 +32,10 @@ from tests.servers.redis_topologies import ClusterSetup
 pytestmark = pytest.mark.anyio
 
 
-class ClusterHarness(Harness):
-    kind = "redis+cluster"
-    can_pause = True
-
-    def __init__(self, cluster: ClusterSetup) -> None:
-        super().__init__()
-        self.cluster = cluster
-        self.admin = aioredis.RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", s.port) for s in cluster.servers])
-
-    @property
-    def url(self) -> str:
-        return self.cluster.url
-
-    async def expire(self, name: str) -> bool:
-        return bool(await self.admin.delete(f"{self.prefix}:{{{name}}}"))
-
-    async def keys(self) -> list[str]:
-        return [k.decode() async for k in self.admin.scan_iter(match=f"{self.prefix}:*")]
-
-    async def leftovers(self) -> list[str]:
-        return [key for key in await self.keys() if not key.endswith(":fence")]
-
-    async def close(self) -> None:
-        for key in await self.keys():
-            await self.admin.delete(key)
-        await self.admin.aclose()
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ClusterSetup]:
-    setup = ClusterSetup(3)
-    try:
-        setup.start()
-        yield setup
-    finally:
-        setup.cleanup()
+@pytest.fixture
+def cluster(redis_cluster: ClusterSetup) -> ClusterSetup:
+    """The session's cluster."""
+    return redis_cluster
 
 
 @pytest.fixture
@@ -76,12 +47,6 @@ async def harness(cluster: ClusterSetup) -> AsyncIterator[ClusterHarness]:
 
 class TestContract(ServerContract):
     """The conformance suite, on the cluster (with this module's ``harness``)."""
-
-
-def cluster_backend(locks: asynclock.Locks) -> ClusterBackend:
-    backend = locks.backend
-    assert isinstance(backend, ClusterBackend)
-    return backend
 
 
 async def script_calls(cluster: ClusterSetup) -> int:
@@ -185,6 +150,119 @@ async def test_a_slot_that_moves_during_a_hold(harness: ClusterHarness, cluster:
     assert order == ["released", "waiter got it"]
 
 
+class Leading:
+    """A candidate of ``election`` in a task of its own: leads until told to resign."""
+
+    def __init__(self, election: asynclock.Election) -> None:
+        self.led = asyncio.Event()
+        self.go = asyncio.Event()
+        self.token: int | None = None
+        self.task = asyncio.create_task(self._run(election))
+
+    async def _run(self, election: asynclock.Election) -> None:
+        async with election.leadership() as term:
+            self.token = term.token
+            self.led.set()
+            await self.go.wait()
+            await election.resign()
+
+    async def leads(self, within: float) -> int:
+        async with asyncio.timeout(within):
+            await self.led.wait()
+        assert self.token is not None
+        return self.token
+
+
+async def subscribed_on(node: aioredis.Redis, channel: str, within: float = scaled(10)) -> None:
+    """Wait (a test's bounded look) until ``node`` has a subscriber of the shard channel ``channel``."""
+    async with asyncio.timeout(within):
+        while channel.encode() not in await shard_channels(node):
+            await asyncio.sleep(0.02)
+
+
+async def test_an_election_hands_over_on_a_shard_channel_in_its_slot(
+    harness: ClusterHarness, cluster: ClusterSetup
+) -> None:
+    """The waiting candidate's client listens on its hand-over channel of that election, a shard
+    channel in the election's slot, on the slot's node; a resign reaches it there at once (its
+    30 s ttl would make a poll come 10 s later)."""
+    first, second = harness.connect(ttl=30), harness.connect(ttl=30)
+    backend = cluster_backend(second)
+    key = backend.lock_key(LockRef("election", "sched"))
+    channel = backend.handover_channel("sched")
+    assert backend.cluster.keyslot(channel) == backend.cluster.keyslot(key)
+    leader = Leading(first.election("sched", identity="first"))
+    token = await leader.leads(scaled(5))
+    waiting = Leading(second.election("sched", identity="second"))
+    node = aioredis.Redis(host="127.0.0.1", port=cluster.owner_of(backend.cluster.keyslot(key)).port)
+    try:
+        await subscribed_on(node, channel)
+        async with asyncio.timeout(scaled(5)):  # (subscribed first, then in line)
+            while (await first.election("sched").info()).waiters != 1:
+                await asyncio.sleep(0.02)
+        loop = asyncio.get_running_loop()
+        resigned = loop.time()
+        leader.go.set()
+        assert await waiting.leads(scaled(2)) > token
+        assert loop.time() - resigned < scaled(2)
+        await leader.task
+        seen = await first.election("sched").leader()
+        assert seen is not None and seen.identity == "second"
+        waiting.go.set()
+        await waiting.task
+    finally:
+        await node.aclose()
+
+
+async def test_an_election_whose_slot_moves_keeps_its_line_hand_overs_and_observers(
+    harness: ClusterHarness, cluster: ClusterSetup
+) -> None:
+    """A live migration of the election's slot: the leader's hold and the line move with it,
+    the waiting candidate's hand-over channel and the observer's channel are subscribed again
+    on the new node, and the resign after the move reaches both at once."""
+    first, second, watcher = harness.connect(ttl=30), harness.connect(ttl=30), harness.connect(ttl=30)
+    backend = cluster_backend(second)
+    key = backend.lock_key(LockRef("election", "moving"))
+    slot = backend.cluster.keyslot(key)
+    changes = watcher.election("moving").observe()
+    assert await anext(changes) is None
+    leader = Leading(first.election("moving", identity="first"))
+    await leader.leads(scaled(5))
+    seen = await asyncio.wait_for(anext(changes), scaled(5))
+    assert seen is not None and seen.identity == "first"
+    waiting = Leading(second.election("moving", identity="second"))
+    source = cluster.owner_of(slot)
+    old_node = aioredis.Redis(host="127.0.0.1", port=source.port)
+    try:
+        await subscribed_on(old_node, backend.handover_channel("moving"))
+        async with asyncio.timeout(scaled(5)):  # (subscribed first, then in line)
+            while (await watcher.election("moving").info()).waiters != 1:
+                await asyncio.sleep(0.02)
+    finally:
+        await old_node.aclose()
+    target = next(server for server in cluster.servers if server is not source)
+    await asyncio.to_thread(cluster.move_slot, slot, target)
+    new_node = aioredis.Redis(host="127.0.0.1", port=target.port)
+    try:
+        assert await new_node.exists(key, key + ":q") == 2, "the hold and the line moved with the slot"
+        await subscribed_on(new_node, backend.handover_channel("moving"))
+        await subscribed_on(new_node, key)  # the observer's
+    finally:
+        await new_node.aclose()
+    assert not waiting.led.is_set()
+    loop = asyncio.get_running_loop()
+    resigned = loop.time()
+    leader.go.set()
+    await waiting.leads(scaled(2))  # by SPUBLISH on the new node, not by a poll 10 s later
+    assert loop.time() - resigned < scaled(2)
+    async with asyncio.timeout(scaled(5)):
+        while (seen := await anext(changes)) is None or seen.identity != "second":
+            pass
+    waiting.go.set()
+    await asyncio.gather(leader.task, waiting.task)
+    await changes.aclose()  # type: ignore[attr-defined]
+
+
 async def test_a_silently_dead_shard_connection_is_replaced_and_releases_arrive_again(
     harness: ClusterHarness, cluster: ClusterSetup
 ) -> None:
@@ -239,7 +317,7 @@ async def test_a_silently_dead_shard_connection_is_replaced_and_releases_arrive_
             shard = next(shard for shard in shards._shards.values() if channel in shard.channels)
             arrived: list[bytes] = []
             real = shards.message
-            shards.message = lambda channel: (arrived.append(channel), real(channel))[1]  # type: ignore[method-assign]
+            shards.message = lambda channel, payload: (arrived.append(channel), real(channel, payload))[1]  # type: ignore[method-assign]
             proxy.blackhole_client(shard._conn._writer.get_extra_info("sockname")[1])
             silenced = loop.time()
             # the dead connection stays subscribed on the server; a new one joins it
@@ -281,9 +359,15 @@ async def test_a_refusal_by_the_cluster_is_a_configuration_error(
             with pytest.raises(ConfigurationError) as caught:
                 async with asyncio.timeout(scaled(3)):  # not retried for a ttl (30 s)
                     await locks.lock("refused").acquire()
+            # a candidate too, whose client subscribes to its hand-over channel first
+            with pytest.raises(ConfigurationError) as refused:
+                async with asyncio.timeout(scaled(3)):
+                    async with locks.election("refused").leadership():
+                        pass
+            assert cluster_backend(locks)._listening == {}, "the refused candidate's subscription is let go"
         text = str(caught.value)
         assert f"127.0.0.1:{cluster.servers[0].port}" in text and words in text, text
-        assert password not in text
+        assert password not in text and password not in str(refused.value)
         assert all(password not in record.getMessage() for record in caplog.records)
 
 
@@ -315,15 +399,26 @@ async def test_a_dead_primary_costs_only_the_locks_in_its_slots(own_cluster: Clu
         spared = next(name for name in names if owners[name] is not victim)
         lease = await holder.lock(doomed).acquire()
         kept = await holder.lock(spared).acquire()
+        # an election lives in its name's slot too: a leader on the dead node loses its term
+        lost_leader = Leading(holder.election(doomed, identity="doomed"))
+        kept_leader = Leading(holder.election(spared, identity="spared"))
+        await lost_leader.leads(scaled(5))
+        await kept_leader.leads(scaled(5))
         victim.kill()
         # its renewals cannot reach the slot's node: lost by the trusted deadline, never kept
         await asyncio.wait_for(lease.wait_lost(), scaled(10))
+        with pytest.raises(asynclock.LockLost):
+            await asyncio.wait_for(lost_leader.task, scaled(10))
         with pytest.raises(BackendUnavailable):
             async with asyncio.timeout(scaled(20)):  # nothing hangs
                 await other.lock(doomed).acquire(timeout=ttl)
         # the other nodes' slots go on: renewed, exclusive, and free once released
         await asyncio.sleep(ttl)
-        assert not kept.lost
+        assert not kept.lost and not kept_leader.task.done()
+        seen = await other.election(spared).leader()
+        assert seen is not None and seen.identity == "spared"
+        kept_leader.go.set()
+        await kept_leader.task
         with pytest.raises(LockTimeout):
             await other.lock(spared).acquire(timeout=0)
         await holder.lock(spared).release()

@@ -39,7 +39,7 @@ TTL = scaled(0.5)
 #: a bound far below a long ttl: what passes within it did not wait for an expiry
 PROMPT = scaled(0.5)
 #: the backends with elections that these tests run on (ZooKeeper's are in their own file)
-ELECTING = ["memory", "etcd", "redis"]
+ELECTING = ["memory", "etcd", "redis", "redis+cluster"]
 
 
 @pytest.fixture
@@ -447,8 +447,8 @@ async def test_a_frozen_leader_is_replaced_and_finds_its_term_lost_when_it_resum
     ("url", "why"),
     [
         ("postgresql://me@127.0.0.1:1/db", ""),
-        ("redis+cluster://127.0.0.1:1", "a Cluster shard cannot route"),
         ("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "independent nodes keep neither"),
+        ("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "Redis Cluster (redis+cluster://)"),
     ],
 )
 async def test_a_backend_without_elections_refuses_before_any_io(url: str, why: str) -> None:

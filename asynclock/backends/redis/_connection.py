@@ -10,12 +10,14 @@
   when the server answers NOSCRIPT (a flushed cache, a restarted or
   failed-over server).
 * :meth:`Connection.call` runs a script on the hot path's own connections
-  (``_wire.py``); with ``replicas=N``, :meth:`Connection.call_confirmed`
-  sends the script and ``WAIT N`` on one connection in one round trip.
+  (``_wire.py``; through the client on a Cluster, which routes it by slot);
+  with ``replicas=N``, :meth:`Connection.call_confirmed` sends the script and
+  ``WAIT N`` on one connection in one round trip.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import math
@@ -35,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._errors import BackendUnavailable, ConfigurationError, LockError
 from ..._options import mask_text
-from ._wire import Lanes, bulk, evalsha
+from ._wire import Lanes, bulk, evalsha, unbulk
 
 __all__ = [
     "FENCE_LIFETIME_MS",
@@ -287,20 +289,35 @@ class Connection:
         """``exc`` for a log line: passwords masked."""
         return mask_text(repr(exc), self._secrets)
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int | bytes]) -> Any:
-        """Run ``script`` (loading it again if the server does not have it); errors translated."""
+    async def run(self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | int | bytes]) -> Any:
+        """Run ``script`` (loading it again if the server does not have it); errors translated.
+
+        A cancellation of the caller that arrives meanwhile is raised, even
+        if the client returned the reply instead: redis-py's Cluster client
+        (8.1, on Python 3.11) can drop one that comes with the reply, and the
+        caller would wait on.
+        """
         client = self.client
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         with self.edge:
             try:
-                return await client.evalsha(script.sha, len(keys), *keys, *args)
+                answer = await client.evalsha(script.sha, len(keys), *keys, *args)
             except redis_errors.NoScriptError:
                 await client.script_load(script.text)
-                return await client.evalsha(script.sha, len(keys), *keys, *args)
+                answer = await client.evalsha(script.sha, len(keys), *keys, *args)
+        if task is not None and task.cancelling() > cancels:
+            raise asyncio.CancelledError
+        return answer
 
     async def call(self, script: Script, keys: Sequence[bytes], args: Sequence[bytes]) -> Any:
-        """Run ``script`` on a connection of the hot path (keys and args RESP-encoded); errors translated."""
+        """Run ``script`` on a connection of the hot path (keys and args RESP-encoded); errors translated.
+
+        On a Cluster client, through the client (which routes it by its keys' slot).
+        """
         lanes = self._lanes
-        assert lanes is not None, "one server's client only"
+        if lanes is None:
+            return await self.run(script, [unbulk(key) for key in keys], [unbulk(arg) for arg in args])
         command = evalsha(script.sha_bytes, keys, args)
         with self.edge:
             [answer] = await lanes.request(command)
@@ -333,9 +350,19 @@ class Connection:
 
         Returns each call's answer (an error reply as asynclock's error, in
         its place) and, with ``wait``, how many replicas confirmed them all.
+        On a Cluster client (no ``wait``), one call after the other, each
+        routed by its keys' slot.
         """
         lanes = self._lanes
-        assert lanes is not None, "one server's client only"
+        if lanes is None:
+            assert not wait, "one server's client only"
+            answers: list[Any] = []
+            for keys, args in calls:
+                try:
+                    answers.append(await self.call(script, keys, args))
+                except LockError as exc:
+                    answers.append(exc)
+            return answers, None
         commands = [evalsha(script.sha_bytes, keys, args) for keys, args in calls]
         waiting = b"*3\r\n$4\r\nWAIT\r\n" + bulk(self.replicas) + bulk(self.replica_timeout_ms) if wait else b""
         with self.edge:

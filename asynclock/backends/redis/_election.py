@@ -16,6 +16,13 @@ larger than every earlier one's. What an election adds:
   with nobody in line). A leader whose client died expires with no message:
   an observer reads again when the leader's hold would expire.
 
+On Redis Cluster every key and channel of an election shares its ``{N}``
+hash tag, so one slot (one node) serves them all: the scripts SPUBLISH on
+the election's shard channel ``<prefix>:{N}:e``, and hand leadership over
+on the shard channel ``<prefix>:{N}:e:w:<client id>`` of the next
+candidate's client, which that client subscribes on the slot's node while
+it has a candidate in line (``_exclusive.py``, ``_shards.py``).
+
 An observer (:class:`RedisLeaderWatch`) subscribes to the election's
 channel before its first read, and reads again after each message, after
 the connection's every resubscription (messages may have been missed
@@ -29,14 +36,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
+from typing import Protocol
 from urllib.parse import quote, unquote
 
 from ..._values import Leader
 from ...abc import LockRef
 from ._exclusive import ExclusiveLock
-from ._pubsub import PubSub
+from ._pubsub import OnMessage, OnResync
 
-__all__ = ["Elections", "RedisLeaderWatch", "hold_of", "server_hold"]
+__all__ = ["Elections", "RedisLeaderWatch", "Router", "hold_of", "server_hold"]
 
 #: A moment past a hold's expiry, when an observer looks again (seconds).
 _PAST = 0.002
@@ -53,10 +61,22 @@ def hold_of(holder: str) -> tuple[str, str]:
     return hold, unquote(identity)
 
 
-class Elections:
-    """The elections of one server for a client: the line (an :class:`ExclusiveLock`) and the observers."""
+class Router(Protocol):
+    """What delivers a channel's messages: a server's pub/sub connection (``_pubsub.PubSub``),
+    or a Cluster's shard connections (``_shards.ShardListener``)."""
 
-    def __init__(self, lock: ExclusiveLock, pubsub: PubSub) -> None:
+    async def route(
+        self, channel: str, on_message: OnMessage, on_resync: OnResync, *, wait_connect: bool = False
+    ) -> None: ...
+
+    def forget(self, channel: str) -> None: ...
+
+
+class Elections:
+    """The elections of one server (or Cluster) for a client: the line (an
+    :class:`ExclusiveLock`) and the observers."""
+
+    def __init__(self, lock: ExclusiveLock, pubsub: Router) -> None:
         #: the candidates' line and the leader's hold
         self.lock = lock
         self._pubsub = pubsub

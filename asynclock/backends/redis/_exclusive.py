@@ -11,6 +11,11 @@ Two keys share the ``{N}`` hash tag of the lock ``N``:
   deadline (a waiter keeps it alive by polling), the ttl its hold gets, and
   the channel its client listens to. It exists only while somebody waits.
 
+On Redis Cluster (``sharded``) a script may publish only on a shard channel
+of its own slot: the scripts SPUBLISH, and a client's hand-over channel for
+the lock ``N`` is ``X:w:<client id>``, in X's slot, which the client
+subscribes (SSUBSCRIBE, on the slot's node) while it has a hold in N's queue.
+
 An uncontended acquire is ``GET X``, ``TIME``, ``SET X``; an uncontended
 release, ``SET X <token> GET`` (the hold's token is known to this client).
 A lock that is free has nobody queued (a release that finds ``q`` hands
@@ -53,6 +58,9 @@ SET_COUNT = Script.load("exclusive_prelude.lua", "exclusive_set_count.lua")
 INFO = Script.load("exclusive_prelude.lua", "exclusive_info.lua")
 RENEW = Script.load("exclusive_renew.lua")
 LEADER = Script.load("exclusive_leader.lua")
+#: Redis Cluster: hand-overs and an election's announcements on shard channels of the lock's slot.
+ACQUIRE_SHARDED = Script.load("exclusive_prelude.lua", "exclusive_acquire.lua", replace=("'PUBLISH'", "'SPUBLISH'"))
+RELEASE_SHARDED = Script.load("exclusive_prelude.lua", "exclusive_release.lua", replace=("'PUBLISH'", "'SPUBLISH'"))
 
 _FENCE = bulk(FENCE_LIFETIME_MS)
 _ONE, _ZERO, _EMPTY = bulk(1), bulk(0), bulk(b"")
@@ -74,19 +82,32 @@ class ExclusiveLock:
 
     ``suffix`` names the kind of key (``x`` for the locks); with ``announces``
     (elections) the scripts publish X's value on the channel ``X`` whenever
-    who holds X changes.
+    who holds X changes. ``sharded`` (Redis Cluster): ``channel`` is this
+    client's id, and its hand-over channel of each lock is
+    :meth:`handover_channel`; the scripts publish on shard channels.
     """
 
     def __init__(
-        self, connection: Connection, prefix: str, channel: str, *, suffix: str = "x", announces: bool = False
+        self,
+        connection: Connection,
+        prefix: str,
+        channel: str,
+        *,
+        suffix: str = "x",
+        announces: bool = False,
+        sharded: bool = False,
     ) -> None:
         self._connection = connection
         self._prefix = prefix
+        self._client = channel
         self._channel = bulk(channel)
         self._suffix = suffix
         self._announces = announces
-        # per name: X, Q, and the channel told of changes ('' for a lock), RESP-encoded
-        self._keys: dict[str, tuple[bytes, bytes, bytes]] = {}
+        self._sharded = sharded
+        self._acquire, self._release = (ACQUIRE_SHARDED, RELEASE_SHARDED) if sharded else (ACQUIRE, RELEASE)
+        # per name: X, Q, the channel told of changes ('' for a lock) and this
+        # client's hand-over channel, RESP-encoded
+        self._keys: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}
         self._ttls: dict[float, bytes] = {}
         self._held: dict[str, _Held] = {}
 
@@ -94,13 +115,20 @@ class ExclusiveLock:
         """The lock's string X, ``<prefix>:{<name>}:<suffix>``."""
         return f"{self._prefix}:{{{name}}}:{self._suffix}"
 
-    def _encoded(self, name: str) -> tuple[bytes, bytes, bytes]:
+    def handover_channel(self, name: str) -> str:
+        """Where this client hears of a hand-over of ``name`` to one of its holds: ``X:w:<client
+        id>`` on a Cluster (a shard channel in X's slot), else the client's one channel."""
+        return f"{self.key(name)}:w:{self._client}" if self._sharded else self._client
+
+    def _encoded(self, name: str) -> tuple[bytes, bytes, bytes, bytes]:
         keys = self._keys.get(name)
         if keys is None:
             if len(self._keys) >= KEY_CACHE:
                 self._keys.clear()
             x = self.key(name)
-            keys = self._keys[name] = (bulk(x), bulk(x + ":q"), bulk(x) if self._announces else _EMPTY)
+            told = bulk(x) if self._announces else _EMPTY
+            handover = bulk(self.handover_channel(name)) if self._sharded else self._channel
+            keys = self._keys[name] = (bulk(x), bulk(x + ":q"), told, handover)
         return keys
 
     def _ttl(self, ttl: float) -> bytes:
@@ -126,23 +154,23 @@ class ExclusiveLock:
         one they do not confirm is given back.
         """
         connection = self._connection
-        x, q, told = self._encoded(ref.name)
+        x, q, told, handover = self._encoded(ref.name)
         args = (
             bulk(hold),
             self._ttl(ttl),
             _ONE if enqueue else _ZERO,
-            self._channel,
+            handover,
             _ONE if fresh else _ZERO,
             bulk(entry) if entry else _EMPTY,
             told,
         )
         keys = (x, q)
         if not connection.replicas:
-            answer = await connection.call(ACQUIRE, keys, args)
+            answer = await connection.call(self._acquire, keys, args)
         else:
             # On the same connection, WAIT for the replicas: once this write is
             # on them, so is every earlier one, a hand-over to this hold included.
-            answer, confirmed = await connection.call_confirmed(ACQUIRE, keys, args)
+            answer, confirmed = await connection.call_confirmed(self._acquire, keys, args)
             if isinstance(answer, int) and confirmed < connection.replicas:
                 # Not on enough replicas: a failover now could lose it. Give it
                 # back (to the next in line); the caller retries or fails.
@@ -160,7 +188,7 @@ class ExclusiveLock:
     async def release(self, ref: LockRef, hold: str, entry: bytes = b"") -> bool:
         """Give up ``hold`` (to the head of the queue), or take it out of the queue."""
         known = self._held.pop(hold, None)
-        x, q, told = self._encoded(ref.name)
+        x, q, told, _ = self._encoded(ref.name)
         args = (
             bulk(hold),
             _FENCE,
@@ -168,10 +196,10 @@ class ExclusiveLock:
             bulk(entry) if entry else _EMPTY,
             told,
         )
-        return bool(await self._connection.call(RELEASE, (x, q), args))
+        return bool(await self._connection.call(self._release, (x, q), args))
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
-        x, q, _ = self._encoded(ref.name)
+        x, q, _, _ = self._encoded(ref.name)
         answer = await self._connection.call(SET_COUNT, (x, q), (bulk(hold), bulk(count), bulk(ms(ttl))))
         return bool(int(answer))
 
@@ -213,7 +241,7 @@ class ExclusiveLock:
         return results
 
     async def info(self, ref: LockRef) -> LockInfo:
-        x, q, _ = self._encoded(ref.name)
+        x, q, _, _ = self._encoded(ref.name)
         answer = await self._connection.call(INFO, (x, q), ())
         holder, count, token, left, waiting = answer
         key = self.key(ref.name)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from ...abc import LockRef
 from ._pubsub import PubSub
 
-__all__ = ["Entered", "Handovers", "Ticket", "Waiting"]
+__all__ = ["Entered", "Handovers", "Ticket", "Tickets", "Waiting"]
 
 
 class Entered(NamedTuple):
@@ -78,31 +78,11 @@ class Ticket:
                 await self._event.wait()
 
 
-class Handovers:
-    """This client's channel for hand-over messages, and the holds that expect one."""
+class Tickets:
+    """The holds of this client that expect a hand-over message ``"<hold> <token>"``."""
 
-    def __init__(self, channel: str, pubsub: PubSub) -> None:
-        self.channel = channel
-        self._pubsub = pubsub
+    def __init__(self) -> None:
         self._tickets: dict[str, Ticket] = {}
-        self._routing: asyncio.Task[None] | None = None
-
-    async def ready(self) -> None:
-        """Make sure the channel is subscribed before a hold can be queued (once per client).
-
-        Raises ConfigurationError if the server refuses the pub/sub connection.
-        """
-        routing = self._routing
-        refused = self._pubsub.failure is not None
-        subscribed = routing is not None and routing.done() and not routing.cancelled() and routing.exception() is None
-        if subscribed and not refused:
-            return
-        # (once refused, each new queued hold tries again, and meets the refusal itself)
-        if routing is None or routing.done() or refused:
-            routing = self._routing = asyncio.get_running_loop().create_task(
-                self._pubsub.route(self.channel, self.handle, self.resync), name="asynclock-redis-route"
-            )
-        await asyncio.shield(routing)
 
     def expect(self, hold: str) -> Ticket:
         """The slot for ``hold``'s hand-over (the one it has, if any)."""
@@ -125,6 +105,33 @@ class Handovers:
         """Messages may have been missed (or the channel was refused): every queued hold looks again."""
         for ticket in self._tickets.values():
             ticket.wake()
+
+
+class Handovers(Tickets):
+    """This client's one channel for hand-over messages, and the holds that expect one."""
+
+    def __init__(self, channel: str, pubsub: PubSub) -> None:
+        super().__init__()
+        self.channel = channel
+        self._pubsub = pubsub
+        self._routing: asyncio.Task[None] | None = None
+
+    async def ready(self) -> None:
+        """Make sure the channel is subscribed before a hold can be queued (once per client).
+
+        Raises ConfigurationError if the server refuses the pub/sub connection.
+        """
+        routing = self._routing
+        refused = self._pubsub.failure is not None
+        subscribed = routing is not None and routing.done() and not routing.cancelled() and routing.exception() is None
+        if subscribed and not refused:
+            return
+        # (once refused, each new queued hold tries again, and meets the refusal itself)
+        if routing is None or routing.done() or refused:
+            routing = self._routing = asyncio.get_running_loop().create_task(
+                self._pubsub.route(self.channel, self.handle, self.resync), name="asynclock-redis-route"
+            )
+        await asyncio.shield(routing)
 
 
 @dataclass(slots=True, eq=False)

@@ -6,6 +6,12 @@ waiters listen with SSUBSCRIBE on the node that serves that channel's slot
 subscriptions (or the connection drops); the listener then asks the cluster
 where the slot lives now, subscribes there, and wakes every local waiter
 once it is back, because a release may have gone by unseen meanwhile.
+
+Besides the locks' release channels (``subscribe(name)``: a message wakes
+the waiters of that lock), a listener routes any shard channel to callbacks
+(``route``, as ``_pubsub.PubSub`` does on one server): an election's
+announcements and a client's hand-overs of an election, whose ``on_resync``
+is called after each gap in that channel's subscription.
 """
 
 from __future__ import annotations
@@ -23,11 +29,20 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import ConfigurationError
+from ..._errors import BackendUnavailable, ConfigurationError
 from ..._timing import RETRY_FIRST
 from ...abc import BackendHooks
 from ._connection import Connection
-from ._pubsub import DEFAULT_TTL, RECONNECT_MAX, SUBSCRIBE_TIMEOUT, health_interval, listening_connection, next_message
+from ._pubsub import (
+    DEFAULT_TTL,
+    RECONNECT_MAX,
+    SUBSCRIBE_TIMEOUT,
+    OnMessage,
+    OnResync,
+    health_interval,
+    listening_connection,
+    next_message,
+)
 
 __all__ = ["UNAVAILABLE", "ShardListener"]
 
@@ -58,6 +73,7 @@ class ShardListener:
         self.ttl = DEFAULT_TTL
         self._channel_of = channel_of
         self._names: dict[bytes, str] = {}  # wanted channel -> lock name
+        self._routes: dict[bytes, tuple[OnMessage, OnResync]] = {}  # wanted channel -> its callbacks
         self._shards: dict[str, Shard] = {}  # node name -> its connection
         self._refreshing: asyncio.Task[None] | None = None
         self.moves = 0  # channels the server dropped or we moved to another node (tests)
@@ -80,19 +96,10 @@ class ShardListener:
         return shard
 
     async def subscribe(self, name: str) -> None:
+        """Wake the waiters of the lock ``name`` on each release announced on its channel."""
         channel = self._channel_of(name).encode()
         self._names[channel] = name
-        try:
-            node = self.node_for(channel)
-        except UNAVAILABLE as exc:
-            logger.info("no node for %r yet, will subscribe after a refresh: %r", name, exc)
-            self.reroute()
-            return
-        shard = self._shard(node)
-        await shard.subscribe(channel)
-        failure = shard.failure
-        if failure is not None:
-            raise ConfigurationError(str(failure)) from failure.__cause__
+        await self._place(channel)
 
     async def unsubscribe(self, name: str) -> None:
         channel = self._channel_of(name).encode()
@@ -101,13 +108,70 @@ class ShardListener:
             if channel in shard.channels:
                 await shard.unsubscribe(channel)
 
-    def message(self, channel: bytes) -> None:
+    async def route(
+        self, channel: str, on_message: OnMessage, on_resync: OnResync, *, wait_connect: bool = True
+    ) -> None:
+        """Deliver every message of the shard channel ``channel`` to ``on_message`` until
+        ``forget``, and call ``on_resync`` after each gap in its subscription.
+
+        Returns once the slot's node confirmed the subscription, or (bounded)
+        it did not in time: then ``on_resync`` is called once it is
+        subscribed. Raises ConfigurationError if the cluster refuses the
+        client for good. (``wait_connect``: always, as a Cluster's connections
+        are made per node on demand.)
+        """
+        key = channel.encode()
+        self._routes[key] = (on_message, on_resync)
+        # A fresh client knows no slot yet; a route is asked for before the
+        # request it must precede (a lock waiter's subscription follows one).
+        with contextlib.suppress(BackendUnavailable), self.connection.edge:
+            await self._cluster.initialize()  # (not reachable yet: placed after a refresh)
+        await self._place(key)
+
+    def forget(self, channel: str) -> None:
+        """Stop delivering ``channel``'s messages, without I/O: the node's connection stays
+        subscribed (until it is made again) and drops them."""
+        key = channel.encode()
+        self._routes.pop(key, None)
+        if key not in self._names:
+            for shard in self._shards.values():
+                shard.channels.discard(key)
+
+    async def _place(self, channel: bytes) -> None:
+        try:
+            node = self.node_for(channel)
+        except UNAVAILABLE as exc:
+            logger.info("no node for %r yet, will subscribe after a refresh: %r", channel, exc)
+            self.reroute()
+            return
+        shard = self._shard(node)
+        await shard.subscribe(channel)
+        failure = shard.failure
+        if failure is not None:
+            raise ConfigurationError(str(failure)) from failure.__cause__
+
+    def message(self, channel: bytes, payload: bytes) -> None:
+        route = self._routes.get(channel)
+        if route is not None:
+            route[0](payload)
+            return
         name = self._names.get(channel)
         if name is not None:
             self._hooks.wake_one(name)
 
+    def resubscribed(self, channel: bytes) -> None:
+        """``channel`` is subscribed again after a gap: what went by meanwhile was not heard."""
+        route = self._routes.get(channel)
+        if route is not None:
+            route[1]()
+        else:
+            self._hooks.wake_all()
+
     def wake_all(self) -> None:
+        """Anything may have been missed: every waiter and every route looks again."""
         self._hooks.wake_all()
+        for _, on_resync in list(self._routes.values()):
+            on_resync()
 
     def reroute(self) -> None:
         """A shard lost channels (slot moved, node gone): find their nodes again."""
@@ -120,7 +184,7 @@ class ShardListener:
             try:
                 await self._cluster.nodes_manager.initialize()
                 placed = True
-                for channel in list(self._names):
+                for channel in [*self._names, *self._routes]:
                     node = self.node_for(channel)
                     owner = self._shard(node)
                     for shard in self._shards.values():
@@ -132,14 +196,14 @@ class ShardListener:
                         placed = placed and confirmed
                 if placed:
                     # a release may have passed while the channel was not subscribed anywhere
-                    self._hooks.wake_all()
+                    self.wake_all()
                     return
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: try again later
                 if isinstance(exc, ConfigurationError) or isinstance(self.connection.error(exc), ConfigurationError):
                     logger.warning("redis cluster pub/sub refused, not retrying: %s", self.connection.describe(exc))
-                    self._hooks.wake_all()
+                    self.wake_all()
                     return
                 logger.info("redis cluster pub/sub: cannot place channels yet: %s", self.connection.describe(exc))
             await asyncio.sleep(delay)
@@ -281,12 +345,12 @@ class Shard:
             return
         kind, channel = message[0], message[1]
         if kind == b"smessage":
-            self._owner.message(channel)
+            self._owner.message(channel, message[2])
         elif kind == b"ssubscribe":
             self._settle(True, channel)
             if channel in self._resubscribing:
                 self._resubscribing.discard(channel)
-                self._owner.wake_all()
+                self._owner.resubscribed(channel)
         elif kind == b"sunsubscribe":
             if channel in self._leaving:
                 self._leaving.discard(channel)

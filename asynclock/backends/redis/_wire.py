@@ -26,7 +26,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-__all__ = ["Lanes", "bulk", "evalsha"]
+__all__ = ["Lanes", "bulk", "evalsha", "unbulk"]
 
 Arg = str | int | bytes
 
@@ -38,6 +38,11 @@ def bulk(value: Arg) -> bytes:
     elif isinstance(value, int):
         value = b"%d" % value
     return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def unbulk(value: bytes) -> bytes:
+    """The value of one RESP bulk string made by :func:`bulk`."""
+    return value[value.index(b"\r\n") + 2 : -2]
 
 
 def evalsha(sha: bytes, keys: Sequence[bytes], args: Sequence[bytes]) -> bytes:

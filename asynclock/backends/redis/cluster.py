@@ -3,14 +3,22 @@
 The hash lock (``_hash.py``) on a cluster client: every key of one lock
 (hash, fence counter, release channel) carries the ``{name}`` hash tag, so
 each script touches one slot and the cluster client routes it (following
-MOVED and ASK when a slot migrates). Only the plain lock: the queued
-primitives hand a lock over on a channel of the waiter's client, which a
-script in another slot cannot publish on.
+MOVED and ASK when a slot migrates).
+
+Leader elections are the single server's (``_election.py``: the exclusive
+lock's FIFO line under ``<prefix>:{name}:e``), with every channel in the
+election's slot too: the scripts SPUBLISH the leader on the shard channel
+``<prefix>:{name}:e`` and a hand-over on ``<prefix>:{name}:e:w:<client
+id>``, which a client subscribes on the slot's node while one of its
+candidates waits in that line. The fair lock, the read-write lock and the
+semaphore are not offered here.
 
 * Renewals are grouped by slot: one script call per slot in use, sent to
   the slots' nodes in parallel (a script may not touch keys of two slots).
 * Releases are announced on the lock's shard channel, and waiters listen on
-  the node that serves that channel's slot (``_shards.py``).
+  the node that serves that channel's slot (``_shards.py``); after a gap in
+  a subscription (a moved slot, a failover, a lost connection) every waiter
+  and candidate looks again, and every observer reads again.
 
 A hold lives on the primary that serves its slot. Cluster failover has the
 same hole as Sentinel: a replica promoted before it received the acquire does
@@ -21,6 +29,8 @@ silent continuation), but another client may have taken the lock by then.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import secrets
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -34,12 +44,15 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import BackendUnavailable
+from ..._errors import BackendUnavailable, ConfigurationError
 from ..._options import DEFAULT_CONNECT_TIMEOUT, credentials, host_list, mask_text, mask_url
-from ..._values import LockInfo
-from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, RenewItem, unsupported
+from ..._values import Leader, LockInfo
+from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
 from ._connection import Connection
+from ._election import Elections, RedisLeaderWatch, hold_of, server_hold
+from ._exclusive import ExclusiveLock
 from ._hash import HashLock
+from ._queue import Tickets, Waiting
 from ._shards import UNAVAILABLE, ShardListener
 from ._urls import accepted, check_options, database, url_value
 
@@ -86,8 +99,18 @@ class _AnyPrimaryParser(AsyncCommandsParser):
         raise failure or redis_errors.ConnectionError("no primary answered COMMAND")
 
 
+class _Listening:
+    """This client's hand-over channel of one election: the holds in its line, and the subscription."""
+
+    __slots__ = ("holds", "task")
+
+    def __init__(self) -> None:
+        self.holds: set[str] = set()
+        self.task: asyncio.Task[None] | None = None
+
+
 class ClusterBackend:
-    """Locks on a Redis Cluster.
+    """Locks and leader elections on a Redis Cluster.
 
     Example::
 
@@ -119,6 +142,16 @@ class ClusterBackend:
         self._cluster = client
         self._hash = HashLock(self.connection, prefix, sharded=True)
         self._shards: ShardListener | None = None
+        # elections: the candidates' line, and this client's holds that wait in one
+        self._line = ExclusiveLock(
+            self.connection, prefix, secrets.token_hex(8), suffix="e", announces=True, sharded=True
+        )
+        self._elections: Elections | None = None
+        self._tickets = Tickets()
+        self._listening: dict[str, _Listening] = {}
+        self._waiting: dict[str, Waiting] = {}
+        # holds whose last request may have gone through unseen (failed, cut short)
+        self._unsure: set[str] = set()
 
     @classmethod
     def from_url(
@@ -185,19 +218,16 @@ class ClusterBackend:
         """Where releases of ``name`` are announced (its shard channel)."""
         return self._hash.channel(name)
 
+    def handover_channel(self, name: str) -> str:
+        """Where this client hears that the election ``name`` was handed to one of its
+        candidates (a shard channel in the election's slot)."""
+        return self._line.handover_channel(name)
+
     # -- the request protocol ----------------------------------------------------
 
     def check_kind(self, kind: Kind) -> None:
-        """Only the plain lock: the other primitives hand over on a per-client channel, which a shard cannot route."""
-        if kind == "election":
-            raise unsupported(
-                self.kind,
-                kind,
-                "its candidates' line hands leadership over on a channel of each candidate's client, which a "
-                "Cluster shard cannot route to it; use a single Redis server (redis://) or Sentinel "
-                "(redis+sentinel://)",
-            )
-        if kind != "lock":
+        """The plain lock and leader elections."""
+        if kind not in ("lock", "election"):
             raise unsupported(
                 self.kind,
                 kind,
@@ -206,51 +236,187 @@ class ClusterBackend:
             )
 
     def lock_key(self, ref: LockRef) -> str:
-        return self._hash.key(ref.name)
+        return self._line.key(ref.name) if ref.kind == "election" else self._hash.key(ref.name)
 
     def lease_time(self, ttl: float) -> float:
         return ttl
 
     async def start(self, hooks: BackendHooks) -> None:
         self._shards = ShardListener(self.connection, hooks, self._hash.channel)
+        self._elections = Elections(self._line, self._shards)
 
-    async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy:
-        """Take it or re-enter it; Busy (with the holder's remaining lease) if taken: waiters are woken by releases."""
+    def _listener(self) -> ShardListener:
+        if self._shards is None:  # closed meanwhile (or never started)
+            raise BackendUnavailable("the Redis Cluster backend is closed")
+        return self._shards
+
+    async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
+        """The plain lock: take it or re-enter it; Busy (with the holder's remaining lease) if
+        taken, and waiters are woken by releases. A candidate: lead, or join the line (Queued)."""
         if self._shards is not None:
             self._shards.note_ttl(ttl)
+        if ref.kind == "election":
+            return await self._stand(ref, server_hold(hold, ref.identity), ttl, enqueue=enqueue)
         return await self._hash.try_acquire(ref.name, hold, ttl)
 
+    async def _stand(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
+        if enqueue:
+            # Subscribed to this election's hand-over channel, and the hand-over
+            # slot registered, before the request that may queue the hold.
+            try:
+                await self._listen(ref.name, hold)
+            except BaseException:
+                self._done(ref.name, hold)  # (no request was made for it)
+                raise
+            ticket = self._tickets.expect(hold)
+        fresh = hold not in self._unsure
+        sent = asyncio.get_running_loop().time()
+        try:
+            entered = await self._line.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
+        except (ValueError, ConfigurationError):
+            self._done(ref.name, hold)  # refused: nothing changed on the server
+            raise
+        except BaseException:
+            self._unsure.add(hold)  # it may have gone through: a retry looks first
+            raise
+        if not fresh:
+            self._unsure.discard(hold)
+        if entered.token is not None:
+            self._done(ref.name, hold)
+            return Acquired(entered.token)
+        if not enqueue:
+            return Busy(None)
+        waiting = self._waiting[hold] = Waiting(ref, ttl, ticket, sent, sent)
+        return Queued(waiting.queued(sent, entered))
+
+    async def _listen(self, name: str, hold: str) -> None:
+        """``hold`` may be handed the election ``name``: its hand-over channel is subscribed
+        (once for all this client's holds in that line; a failed subscription is tried again)."""
+        listening = self._listening.get(name)
+        if listening is None:
+            listening = self._listening[name] = _Listening()
+        listening.holds.add(hold)
+        task = listening.task
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            shards = self._listener()
+            channel = self._line.handover_channel(name)
+            task = listening.task = asyncio.get_running_loop().create_task(
+                shards.route(channel, self._tickets.handle, self._tickets.resync), name="asynclock-cluster-route"
+            )
+            # (its error reaches each hold that awaits it; none may be left to do so)
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        with self.connection.edge:
+            await asyncio.shield(task)
+
+    def _done(self, name: str, hold: str) -> None:
+        """``hold`` waits in the line of ``name`` no more; the last one of this client's there
+        ends the subscription to its hand-over channel (no I/O: the connection drops its messages)."""
+        self._tickets.forget(hold)
+        listening = self._listening.get(name)
+        if listening is None:
+            return
+        listening.holds.discard(hold)
+        if not listening.holds:
+            del self._listening[name]
+            if listening.task is not None and not listening.task.done():
+                listening.task.cancel()
+            if self._shards is not None:
+                self._shards.forget(self._line.handover_channel(name))
+
+    async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
+        """A candidate in line: until its hand-over message arrives or the loop time ``until``;
+        then one poll (it keeps the line's entry alive, and finds a hand-over whose message was
+        lost, as after each resubscription of the hand-over channel)."""
+        hold = server_hold(hold, ref.identity)
+        waiting = self._waiting[hold]
+        ticket = waiting.ticket
+        loop = asyncio.get_running_loop()
+        await ticket.wait(waiting.poll_at if until is None else min(until, waiting.poll_at))
+        if ticket.token is not None:
+            self._line.held(ref, hold, ttl, ticket.token)
+            return self._granted(ref, hold, Acquired(ticket.token, confirmed_at=waiting.queued_at))
+        ticket.clear()
+        sent = waiting.poll_at = loop.time()  # (a poll that fails is repeated as soon as the front asks again)
+        # Bounded: a node that stops answering fails the poll after a ttl (the entry is gone by then anyway).
+        try:
+            async with asyncio.timeout(ttl):
+                entered = await self._line.enter(ref, hold, ttl, enqueue=True, fresh=False, entry=waiting.entry)
+        except TimeoutError as exc:
+            raise BackendUnavailable(f"{self.connection.where} did not answer within {ttl:.3g} s") from exc
+        if entered.token is not None:
+            return self._granted(ref, hold, Acquired(entered.token, confirmed_at=sent))  # this request reset the expiry
+        return Queued(waiting.queued(sent, entered))
+
+    def _granted(self, ref: LockRef, hold: str, acquired: Acquired) -> Acquired:
+        del self._waiting[hold]
+        self._done(ref.name, hold)
+        return acquired
+
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
+        if ref.kind == "election":
+            return await self._line.set_count(ref, server_hold(hold, ref.identity), count, ttl)
         return await self._hash.set_count(ref.name, hold, count, ttl)
 
     async def release(self, ref: LockRef, hold: str) -> bool:
-        return await self._hash.release(ref.name, hold)
+        """Release ``hold``; a candidate also leaves the line (and gives back a hand-over that raced in)."""
+        if ref.kind != "election":
+            return await self._hash.release(ref.name, hold)
+        hold = server_hold(hold, ref.identity)
+        self._unsure.discard(hold)
+        waiting = self._waiting.pop(hold, None)
+        self._done(ref.name, hold)
+        return await self._line.release(ref, hold, waiting.entry if waiting is not None else b"")
 
     async def info(self, ref: LockRef) -> LockInfo:
-        return await self._hash.info(ref.name)
+        if ref.kind != "election":
+            return await self._hash.info(ref.name)
+        info = await self._line.info(ref)
+        if info.owner is None:
+            return info
+        owner = hold_of(info.owner)[0]  # (the hold id: the front tells the identity)
+        return dataclasses.replace(info, owner=owner, holders=(owner,))
+
+    async def leader(self, ref: LockRef) -> Leader | None:
+        """The election's leader: its identity and token, in one read (``since`` is None)."""
+        if self._elections is None:
+            raise BackendUnavailable("the Redis Cluster backend is closed")
+        found = await self._elections.leader(ref)
+        return None if found is None else found[0]
+
+    def observe(self, ref: LockRef) -> LeaderWatch:
+        """The leader after each message of the election's shard channel, each resubscription of
+        it, and each expiry of the leader's hold (see ``_election.py``)."""
+        if self._elections is None:
+            raise BackendUnavailable("the Redis Cluster backend is closed")
+        return RedisLeaderWatch(self._elections, ref)
 
     async def names(self) -> list[str]:
         """Names of the locks held under this client's prefix, on every primary."""
         return await self._hash.names()
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        """One script call per slot, all slots in parallel, each bounded on its own."""
-        groups: dict[int, list[int]] = {}
+        """One script call per slot (and kind: locks, candidates), all in parallel, each bounded on its own."""
+        groups: dict[tuple[bool, int], list[int]] = {}
         for index, item in enumerate(items):
-            groups.setdefault(self._cluster.keyslot(self._hash.key(item.name)), []).append(index)
+            elected = item.ref.kind == "election"
+            key = self._line.key(item.name) if elected else self._hash.key(item.name)
+            groups.setdefault((elected, self._cluster.keyslot(key)), []).append(index)
 
-        async def renew_slot(indexes: list[int]) -> list[bool | BaseException]:
+        async def renew_slot(elected: bool, indexes: list[int]) -> list[bool | BaseException]:
             group = [items[i] for i in indexes]
             try:
                 # A slot whose node is gone must not hold up the other slots'
                 # answers past their leases: each group gets a quarter of its
                 # shortest ttl (renewals start a third into the lease).
                 async with asyncio.timeout(min(item.ttl for item in group) / 4):
+                    if elected:  # (a candidate's hold as the scripts know it)
+                        group = [RenewItem(i.ref, server_hold(i.hold, i.ref.identity), i.ttl) for i in group]
+                        return await self._line.renew(group)
                     return await self._hash.renew(group)
             except TimeoutError as exc:
                 return [self.connection.error(exc)] * len(indexes)
 
-        answers = await asyncio.gather(*(renew_slot(indexes) for indexes in groups.values()))
+        answers = await asyncio.gather(*(renew_slot(elected, indexes) for (elected, _), indexes in groups.items()))
         results: list[bool | BaseException] = [False] * len(items)
         for indexes, answer in zip(groups.values(), answers, strict=True):
             for index, result in zip(indexes, answer, strict=True):
@@ -268,6 +434,12 @@ class ClusterBackend:
             await self._shards.unsubscribe(name)
 
     async def aclose(self) -> None:
+        routing = [listening.task for listening in self._listening.values() if listening.task is not None]
+        for task in routing:
+            task.cancel()
+        await asyncio.gather(*routing, return_exceptions=True)
+        self._listening.clear()
+        self._waiting.clear()
         if self._shards is not None:
             await self._shards.aclose()
             self._shards = None
