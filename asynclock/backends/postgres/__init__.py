@@ -69,7 +69,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ._backend import DEFAULT_MAX_LEASES, PostgresBackend
 from ._config import DSN_PARAMETERS, OWN_OPTIONS
-from ._keys import advisory_key, gate_key, marker_key, name_check, permits_key, rw_key, slot_key
+from ._keys import advisory_key, election_key, gate_key, marker_key, name_check, permits_key, rw_key, slot_key
 from ._sessions import PARK_TIME
 from ._tokens import FLOOR
 
@@ -81,6 +81,7 @@ __all__ = [
     "PARK_TIME",
     "PostgresBackend",
     "advisory_key",
+    "election_key",
     "gate_key",
     "marker_key",
     "name_check",
