@@ -1,4 +1,4 @@
-"""Leader election in the front, on every backend that has it (memory://, etcd, Redis;
+"""Leader election in the front, on every backend that has it (memory://, etcd, Redis, PostgreSQL;
 the ZooKeeper specifics are in ``test_election_zookeeper.py``, etcd's ``etcdctl elect``
 interop in ``test_etcd.py``, the model of ``observe()`` in ``test_model_election.py``).
 
