@@ -22,7 +22,7 @@ import pytest
 import asynclock
 from asynclock import ConfigurationError, LockLost
 from asynclock.backends.postgres import FLOOR, election_key
-from tests.harness_postgres import PostgresHarness
+from tests.harness_postgres import PostgresHarness, tokens_from
 from tests.servers import scaled
 from tests.servers.postgres import PASSWORD_GROUP, PostgresServer
 
@@ -144,6 +144,29 @@ async def test_the_row_a_dead_leader_leaves_is_not_the_leader(pg: PostgresHarnes
         assert leader is not None and (leader.identity, leader.token) == ("next", new.token)
         assert new.token is not None and term.token is not None and new.token > term.token
     assert await leaders_row(pg, "e") is None, "a resign deletes its row"
+
+
+@pytest.mark.parametrize("source", ["sequence", "table"])
+async def test_terms_take_the_locks_tokens_from_either_source(pg: PostgresHarness, source: str) -> None:
+    """Each term's token comes from where the client's lock tokens come from (the sequence, or
+    the counter table of servers before 15, in a row of the election's own) and increases."""
+    clients = [tokens_from(pg.connect(ttl=LONG_TTL), source) for _ in range(2)]
+    lock_tokens = []
+    for _ in range(3):  # (the plain lock of the same name counts in a row of its own)
+        async with clients[0].lock("e") as lease:
+            assert lease.token is not None
+            lock_tokens.append(lease.token)
+    tokens: list[int] = []
+    for i in range(4):
+        election = clients[i % 2].election("e", identity=f"c{i}")
+        async with election.leadership() as term:
+            assert term.token is not None
+            tokens.append(term.token)
+            leader = await clients[(i + 1) % 2].election("e").leader()
+            assert leader is not None and (leader.identity, leader.token) == (f"c{i}", term.token)
+    assert tokens == sorted(set(tokens)), tokens
+    if source == "table":
+        assert tokens[0] <= lock_tokens[-1], "the election's counter is not the plain lock's of its name"
 
 
 @pytest.fixture
