@@ -146,6 +146,33 @@ async def test_the_row_a_dead_leader_leaves_is_not_the_leader(pg: PostgresHarnes
     assert await leaders_row(pg, "e") is None, "a resign deletes its row"
 
 
+async def test_terms_one_after_another_on_one_shared_session_report_each_leader(pg: PostgresHarness) -> None:
+    """Candidates of one client take the election on its one session in turn: the row of the
+    term before (same session, same pid) is never reported for the next one."""
+    locks, reader = pg.connect(ttl=LONG_TTL, max_leases=1), pg.connect(ttl=LONG_TTL)
+    election = locks.election("e", identity="first")
+    first = Leading(election)
+    term1 = await first.leads()
+    second = Leading(locks.election("e", identity="second"))
+    changes = reader.election("e").observe()
+    seen = await anext(changes)
+    assert seen is not None and (seen.identity, seen.token) == ("first", term1.token)
+    await election.resign()  # (from this task: the body is cancelled, its block ends quietly)
+    await asyncio.wait_for(first.task, PROMPT)
+    term2 = await second.leads()
+    assert term2.token is not None and term1.token is not None and term2.token > term1.token
+    async with asyncio.timeout(PROMPT):
+        while (seen := await anext(changes)) is None:
+            pass
+    assert (seen.identity, seen.token) == ("second", term2.token)
+    second.task.cancel()  # (leaving the block by cancellation releases the term)
+    with contextlib.suppress(asyncio.CancelledError):
+        await second.task
+    assert await asyncio.wait_for(anext(changes), PROMPT) is None
+    assert await leaders_row(pg, "e") is None
+    await changes.aclose()  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("source", ["sequence", "table"])
 async def test_terms_take_the_locks_tokens_from_either_source(pg: PostgresHarness, source: str) -> None:
     """Each term's token comes from where the client's lock tokens come from (the sequence, or
