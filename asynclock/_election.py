@@ -248,7 +248,8 @@ class Election:
         No polling and no candidacy needed. Where the backend reports every
         change (memory://, etcd's watch while it lasts) every term is seen;
         where it reports only that something changed (ZooKeeper's watches,
-        Redis's messages), terms that begin and end between two looks are not. The iteration ends when the client is
+        Redis's messages, PostgreSQL's notifications), terms that begin and end
+        between two looks are not. The iteration ends when the client is
         closed, and raises :class:`BackendUnavailable` when the server stays
         unreachable for a ttl. Leaving the loop early leaves nothing running.
         """

@@ -1,9 +1,9 @@
 """The PostgreSQL harness for the contract suite (and the PostgreSQL-only tests).
 
 Isolation is by prefix: every test gets its own key space and its own fence
-table (``<prefix>_fence``, with its queue table and token sequence), dropped at the end. A hold is lost server-side the
-way PostgreSQL loses one: the holder's session is ended with
-``pg_terminate_backend``.
+table (``<prefix>_fence``, with its queue table, token sequence and leaders
+table), dropped at the end. A hold is lost server-side the way PostgreSQL
+loses one: the holder's session is ended with ``pg_terminate_backend``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 
 import asynclock
-from asynclock.backends.postgres import PostgresBackend, advisory_key, rw_key, slot_key
+from asynclock.backends.postgres import PostgresBackend, advisory_key, election_key, rw_key, slot_key
 from tests.harness import Harness
 from tests.servers.postgres import PostgresServer
 
@@ -97,6 +97,8 @@ class PostgresHarness(Harness):
             return await self.expire(name)
         if kind in ("read", "write"):
             keys = {unsigned(rw_key(self.prefix, name))}
+        elif kind == "election":
+            keys = {unsigned(election_key(self.prefix, name))}
         else:
             keys = {unsigned(slot_key(self.prefix, name, slot)) for slot in range(16)}
         pids = {
@@ -166,7 +168,7 @@ class PostgresHarness(Harness):
         admin = await self.admin()
         try:
             table = f"{self.prefix}_fence".replace('"', '""')
-            await admin.execute(f'DROP TABLE IF EXISTS "{table}", "{table}_queue"')
+            await admin.execute(f'DROP TABLE IF EXISTS "{table}", "{table}_queue", "{table}_leaders"')
             await admin.execute(f'DROP SEQUENCE IF EXISTS "{table}_token"')
         finally:
             await admin.close()

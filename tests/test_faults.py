@@ -51,6 +51,7 @@ ELECTION_SCENARIOS = {
     "zookeeper": ["holder-killed", "holder-frozen", "partition"],
     "etcd": ["holder-killed", "holder-frozen"],
     "redis": ["holder-frozen"],
+    "postgres": ["holder-frozen"],
 }
 #: the torture tier: every scenario that applies, longer, with more workers
 TORTURE = Settings(workers=6, duration=15.0, ttl=1.0, faults=10_000, margin=1.0)

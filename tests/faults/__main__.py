@@ -43,7 +43,7 @@ from tests.servers import RedisServer
 #: lock services the command can start itself (``--own``)
 OWN = ("redis", "redlock", "sentinel", "zookeeper", "postgres", "etcd")
 #: target kinds that have leader elections (``--workload election``)
-ELECTS = ("zookeeper", "etcd", "redis", "sentinel")
+ELECTS = ("zookeeper", "etcd", "redis", "sentinel", "postgres")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -40,6 +40,9 @@ More primitives, on the same sessions and the same queue:
   writer keeps newcomers out, readers too: it is in the queue.
 * A semaphore is N slot keys and a gate key its waiters queue on (see
   ``_semaphore``).
+* A leader election is a lock of a key of its own, queued FIFO like the
+  fair lock; the leader writes its row in ``<table>_leaders`` and every
+  change is NOTIFYed on the election's channel (see ``_election``).
 
 Connections: with a URL asynclock opens its own pool, ``max_leases``
 sessions for holds plus the listening one, so held locks never take
@@ -69,7 +72,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ._backend import DEFAULT_MAX_LEASES, PostgresBackend
 from ._config import DSN_PARAMETERS, OWN_OPTIONS
-from ._keys import advisory_key, gate_key, marker_key, name_check, permits_key, rw_key, slot_key
+from ._keys import advisory_key, election_key, gate_key, marker_key, name_check, permits_key, rw_key, slot_key
 from ._sessions import PARK_TIME
 from ._tokens import FLOOR
 
@@ -81,6 +84,7 @@ __all__ = [
     "PARK_TIME",
     "PostgresBackend",
     "advisory_key",
+    "election_key",
     "gate_key",
     "marker_key",
     "name_check",

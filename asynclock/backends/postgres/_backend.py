@@ -12,15 +12,16 @@ import asyncpg
 from ..._errors import BackendUnavailable
 from ..._options import DEFAULT_CONNECT_TIMEOUT, reject_unknown
 from ..._timing import request_window
-from ..._values import LockInfo
-from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, Queued, RenewItem
+from ..._values import Leader, LockInfo
+from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
 from . import _sql
 from ._config import dsn_address, dsn_secrets, parse_url, pool_address
+from ._election import Elections
 from ._errors import CLIENT_ERRORS, MapErrors
 from ._grants import Grants
 from ._hold import Hold, KeyState
 from ._inspect import Inspector
-from ._keys import Key, advisory_key, gate_key, rw_key, slot_arrays
+from ._keys import Key, advisory_key, election_key, gate_key, rw_key, slot_arrays
 from ._listener import Listener
 from ._queue import Queue
 from ._requests import Requests
@@ -88,7 +89,8 @@ class PostgresBackend:
         self._listener = Listener(self._sessions, self._errors, self._id)
         self._requests = Requests(self._sessions, self._errors)
         self._queue = Queue(self._requests, self._listener, self._sessions)
-        self._grants = Grants(self._requests, self._queue, self._sessions, self._listener)
+        self._elections = Elections(self._requests, self._listener, self._sessions, self._errors, prefix)
+        self._grants = Grants(self._requests, self._queue, self._sessions, self._listener, self._elections)
         self._permits = Permits(self._requests, self._queue, self._sessions, self._listener, prefix)
         self._key_of: Callable[[str], Key] = lambda name: advisory_key(prefix, name)
         # What this client asks for, by key, and every acquisition from its first request to its end.
@@ -171,7 +173,7 @@ class PostgresBackend:
     # -- keys -------------------------------------------------------------------------
 
     def check_kind(self, kind: Kind) -> None:
-        """Every primitive: the fair lock (the plain lock itself), read-write lock, semaphore."""
+        """Every primitive: the fair lock (the plain lock itself), read-write lock, semaphore, leader election."""
 
     def _main_key(self, ref: LockRef) -> Key:
         """The key a hold of ``ref`` takes (a semaphore: the gate its waiters queue on)."""
@@ -179,6 +181,8 @@ class PostgresBackend:
             return rw_key(self._prefix, ref.name)
         if ref.kind == "semaphore":
             return gate_key(self._prefix, ref.name)
+        if ref.kind == "election":
+            return election_key(self._prefix, ref.name)
         return self._key_of(ref.name)
 
     def lock_key(self, ref: LockRef) -> str:
@@ -222,6 +226,7 @@ class PostgresBackend:
             self._requests.sql = self._inspector.sql = _sql.Statements(table, queue, sequence, first)
             self._requests.table, self._requests.sequence = table, sequence
             self._permits.sql = SemaphoreStatements(table, queue, sequence, first)
+            self._elections.leaders, self._elections.queue = quote_table(self._table, "_leaders"), queue
 
         await self._listener.statement(prepare, within=ADMIN_TIMEOUT)
 
@@ -244,6 +249,8 @@ class PostgresBackend:
             return Acquired(record.token) if record.granted else Queued(None)
         if self._sessions.pool is None:
             raise BackendUnavailable(_CLOSED)
+        if ref.kind == "election":
+            await self._elections.ready()  # (its table, made on the first election's request)
         if self._sessions.client == "?":
             self._sessions.client = hold.partition(":")[0]  # (the front's hold ids start with the client's id)
         record = Hold(ref, hold, ttl, self._state(ref), ref.kind == "read")
@@ -293,6 +300,7 @@ class PostgresBackend:
         for record in self._holds.values():
             if record.woken is not None and not record.granted:
                 record.woken.set()
+        self._elections.wake_all()
 
     def _session_lost(self, session: Session) -> None:
         """A session closed: exactly its holds are lost."""
@@ -305,6 +313,9 @@ class PostgresBackend:
                 state.unknown.remove(session)  # its locks ended with it
         if lost and self._hooks is not None:
             self._hooks.lose([record.hold for record in lost], _LOST)
+        leaders = [record for record in lost if record.ref.kind == "election"]
+        if leaders:
+            self._elections.lost(leaders)
 
     # -- holding and releasing ----------------------------------------------------------
 
@@ -386,6 +397,18 @@ class PostgresBackend:
             translated.__cause__ = exc
             return translated
         return not session.gone
+
+    # -- elections ------------------------------------------------------------------------
+
+    async def leader(self, ref: LockRef) -> Leader | None:
+        """The leader of the election ``ref.name``: its row, if its term is live; one read."""
+        if self._sessions.pool is None:
+            raise BackendUnavailable(_CLOSED)
+        return await self._elections.leader(ref)
+
+    def observe(self, ref: LockRef) -> LeaderWatch:
+        """A watch on the election's leader: its channel, and its row after each notification."""
+        return self._elections.observe(ref)
 
     # -- what the server knows ----------------------------------------------------------
 

@@ -77,8 +77,9 @@ def _hint(exc: BaseException, table: str) -> str:
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
         return (
             f" (this role needs SELECT, INSERT, UPDATE and DELETE on the fence table {table} and on"
-            f" {table}_queue, USAGE and UPDATE on the sequence {table}_token (PostgreSQL 15+), and CREATE on"
-            " their schema while they do not exist; table= chooses another name)"
+            f" {table}_queue (elections: on {table}_leaders too), USAGE and UPDATE on the sequence"
+            f" {table}_token (PostgreSQL 15+), and CREATE on their schema while they do not exist;"
+            " table= chooses another name)"
         )
     return ""
 

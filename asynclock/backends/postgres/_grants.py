@@ -7,12 +7,17 @@ itself in again: PostgreSQL's advisory locks are re-entrant per session),
 or its waiters are queued. A read hold joins its client's read hold of the
 key (one shared lock per client, many holds). A release is one statement
 that also says whether anybody waits (then a second wakes the first).
+
+An election's candidate is a lock of the election's key: its grant is
+followed by the leader's row (``_election``), before the term begins, and
+its release by the row's removal, before the key is let go of.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from typing import TYPE_CHECKING
 
 import asyncpg
 
@@ -25,6 +30,9 @@ from ._queue import Queue
 from ._requests import Requests
 from ._sessions import Session, Sessions, ms
 from ._tokens import FLOOR
+
+if TYPE_CHECKING:
+    from ._election import Elections
 
 __all__ = ["Grants"]
 
@@ -43,8 +51,11 @@ def _waited_for_row(exc: BaseException) -> bool:
 class Grants:
     """Requests of locks and read-write sides."""
 
-    def __init__(self, requests: Requests, queue: Queue, sessions: Sessions, listener: Listener) -> None:
+    def __init__(
+        self, requests: Requests, queue: Queue, sessions: Sessions, listener: Listener, elections: Elections
+    ) -> None:
         self._requests = requests
+        self._elections = elections
         self._queue = queue
         self._sessions = sessions
         self._listener = listener
@@ -113,8 +124,9 @@ class Grants:
         if value > 0:
             if not fast:
                 self._register(row)
-            if value < FLOOR and requests.sequence is not None:
-                return await self._granted(record, session, value, None)  # a crash reset the sequence
+            if (value < FLOOR and requests.sequence is not None) or record.ref.kind == "election":
+                # a crash reset the sequence, or a leader's row is to be written
+                return await self._granted(record, session, value, None)
             self._hold_on(record, session, value)
             return Acquired(value)
         if value < 0:  # free, but waiters are queued: it let go again, and wakes the first
@@ -198,6 +210,8 @@ class Grants:
         state = record.state
         try:
             token = await self._requests.checked_token(session, record.ttl, token)
+            if record.ref.kind == "election":
+                await self._elections.announce(record, session, token)
         except BaseException:
             if not state.holders:
                 state.unknown.append(session)  # the lock is held, with no token to hand out
@@ -261,6 +275,8 @@ class Grants:
             k1, k2 = state.key
             q1, q2 = state.marker
             try:
+                if record.term is not None:
+                    await self._elections.retire(record, session)
                 flags = await requests.run(
                     session, record.ttl, _fetchval, requests.sql.release, k1, k2, record.shared, q1, q2
                 )
@@ -280,9 +296,18 @@ class Grants:
     # -- requests cut short ------------------------------------------------------------------
 
     async def settle(self, state: KeyState) -> None:
-        """Let go of what requests cut short left on ``state.unknown`` (the caller has the key's turn)."""
-        keys: set[Key] = {state.key}
-        await self._requests.settle(state, keys, lambda session, key: state.session is session and bool(state.holders))
+        """Let go of what requests cut short left on ``state.unknown`` (the caller has the key's turn):
+        the key, and an election's term keys that no leader of this client claims."""
+        keys: set[Key] = {state.key, *state.terms}
+
+        def claimed(session: Session, key: Key) -> bool:
+            if state.session is not session or not state.holders:
+                return False
+            return key == state.key or any(record.term == key for record in state.holders.values())
+
+        await self._requests.settle(state, keys, claimed)
+        if state.terms:
+            state.terms = {record.term for record in state.holders.values() if record.term is not None}
 
     async def _settle_turn(self, state: KeyState) -> None:
         await state.enter()

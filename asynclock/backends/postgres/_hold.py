@@ -29,7 +29,19 @@ __all__ = ["Hold", "KeyState"]
 class KeyState:
     """One advisory key (a lock, a read-write lock, or a semaphore's gate) as this client holds and waits for it."""
 
-    __slots__ = ("_next", "busy", "holders", "key", "marker", "session", "shared", "slots", "unknown", "waiting")
+    __slots__ = (
+        "_next",
+        "busy",
+        "holders",
+        "key",
+        "marker",
+        "session",
+        "shared",
+        "slots",
+        "terms",
+        "unknown",
+        "waiting",
+    )
 
     def __init__(self, key: Key, slots: frozenset[Key] = frozenset()) -> None:
         self.key = key
@@ -47,6 +59,8 @@ class KeyState:
         self.waiting = 0
         #: sessions on which a request cut short may have locked something no hold claims
         self.unknown: list[Session] = []
+        #: an election's term keys taken by this client and not let go of by a resign (see ``_election``)
+        self.terms: set[Key] = set()
 
     def __repr__(self) -> str:
         return f"<KeyState {self.key} holders={len(self.holders)} waiting={self.waiting}>"
@@ -116,3 +130,5 @@ class Hold:
     try_now: bool = False
     #: the task putting its row in the queue (it outlives a caller that gives up)
     queuing: asyncio.Task[Any] | None = field(default=None, repr=False)
+    #: a leader's term key (elections), while its row may be live
+    term: Key | None = None

@@ -25,6 +25,8 @@ __all__ = [
     "advisory_key",
     "app_name",
     "channel",
+    "election_channel",
+    "election_key",
     "fence_row",
     "gate_key",
     "marker_key",
@@ -35,6 +37,7 @@ __all__ = [
     "session_key",
     "slot_arrays",
     "slot_key",
+    "term_key",
 ]
 
 Key = tuple[int, int]
@@ -46,6 +49,7 @@ APP_TAG = "asynclock"
 #: no UTF-8 text starts with, so they never meet a plain lock's row.
 RW_ROW = b"\xffrw\0"
 SEM_ROW = b"\xffsem\0"
+ELECT_ROW = b"\xffelect\0"
 #: The fence table's epoch row: there from the table's creation until a crash
 #: empties the (unlogged) table (see ``_tokens``).
 EPOCH_ROW = b"\xffepoch\0"
@@ -69,6 +73,23 @@ def advisory_key(prefix: str, name: str) -> Key:
 def rw_key(prefix: str, name: str) -> Key:
     """The advisory key of the read-write lock ``name`` (unrelated to the plain lock's)."""
     return _digest_key(b"asynclock-rw", f"{prefix}\0{name}".encode())
+
+
+@functools.lru_cache(maxsize=1024)
+def election_key(prefix: str, name: str) -> Key:
+    """The advisory key the candidates of the election ``name`` take (unrelated to the plain lock's)."""
+    return _digest_key(b"asynclock-elect", f"{prefix}\0{name}".encode())
+
+
+def term_key(key: Key, token: int) -> Key:
+    """The advisory key the leader of the election ``key`` holds for its term of ``token``:
+    the leader's row is live while somebody holds it."""
+    return _digest_key(b"asynclock-term", struct.pack(">iiq", *key, token))
+
+
+def election_channel(key: Key) -> str:
+    """The LISTEN/NOTIFY channel of the election ``key`` (hex digits: safe to inline, never a client's)."""
+    return f"{APP_TAG}_elect_{key[0] & 0xFFFFFFFF:08x}{key[1] & 0xFFFFFFFF:08x}"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -141,9 +162,12 @@ def parse_app_name(app: str | None) -> tuple[str, str] | None:
 
 
 def fence_row(ref: LockRef) -> bytes:
-    """The fence table row (token counter) of ``ref``: read and write sides share one."""
+    """The fence table row (token counter) of ``ref``: read and write sides share one; an
+    election has its own, never the plain lock's of its name."""
     if ref.kind in ("read", "write"):
         return RW_ROW + ref.name.encode()
     if ref.kind == "semaphore":
         return SEM_ROW + ref.name.encode()
+    if ref.kind == "election":
+        return ELECT_ROW + ref.name.encode()
     return ref.name.encode()

@@ -18,6 +18,9 @@ One connection per client, holding no lock of a hold:
   rows are dead (others pass over them, and the next grant deletes them),
   its markers are gone, and it is opened again with a new key
   (``incarnation``); the client's waiters queue again.
+* It LISTENs on the channels of the elections its client observes
+  (``_election``), from the first observer's read on; once opened again,
+  each observer LISTENs again on its next read.
 * With waiters queued it runs with ``idle_session_timeout`` (the shortest
   ttl of its waiters) and pings itself, so the rows of a client that hangs
   die with its session instead of blocking the queue.
@@ -69,6 +72,8 @@ class Listener:
         #: The session ended (its waiters' rows died with it).
         self.on_lost: Callable[[], None] = lambda: None
         self._lock = asyncio.Lock()
+        # other channels this session LISTENs on (elections'), with their callbacks
+        self._channels: dict[str, Callable[[Any, int, str, str], None]] = {}
         self._want: dict[Key, int] = {}
         self._held: set[Key] = set()
         self._idle = 0.0
@@ -105,6 +110,7 @@ class Listener:
             raise
         self.proxy, self.conn, self.key = proxy, conn, key
         self._held.clear()
+        self._channels.clear()
         self._idle = 0.0
         self._last = loop.time()
         conn.add_termination_listener(self._ended)
@@ -174,6 +180,12 @@ class Listener:
         that gives up does not cut it in half."""
         task = self._sessions.spawn(self.statement(run, within, changes=True))
         return await asyncio.shield(task)
+
+    async def listen(self, conn: Any, channel: str, callback: Callable[[Any, int, str, str], None]) -> None:
+        """LISTEN on ``channel`` too (in a ``statement`` on ``conn``, the session now), once per session."""
+        if channel not in self._channels:
+            await conn.add_listener(channel, callback)
+            self._channels[channel] = callback
 
     # -- markers ------------------------------------------------------------------------
 
@@ -277,6 +289,9 @@ class Listener:
             with contextlib.suppress(*CLIENT_ERRORS):
                 async with asyncio.timeout(ADMIN_TIMEOUT):
                     await conn.remove_listener(self.channel, self._notified)
+                    for name, callback in list(self._channels.items()):
+                        await conn.remove_listener(name, callback)
+            self._channels.clear()
             await self._sessions.give_back(proxy)
         finally:
             self._lock.release()

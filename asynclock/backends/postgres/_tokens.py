@@ -41,7 +41,7 @@ import asyncpg
 
 from ._keys import EPOCH_ROW, SEED_KEY
 
-__all__ = ["FIRST_TOKEN", "FLOOR", "fresh_token", "quote_table", "set_up"]
+__all__ = ["FIRST_TOKEN", "FLOOR", "create", "fresh_token", "quote_table", "set_up"]
 
 #: Tokens below this come from a sequence that a crash reset: never handed out.
 FLOOR = 10**15
@@ -77,14 +77,14 @@ def _literal(name: str) -> str:
 async def set_up(conn: Any, table: str, queue: str, sequence: str | None) -> None:
     """Create what is missing of the fence table ``table``, its ``queue`` and token ``sequence`` (quoted names)."""
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
-        await _create(
+        await create(
             conn,
             f"CREATE UNLOGGED TABLE {table} ("
             "name bytea PRIMARY KEY, k1 int4 NOT NULL, k2 int4 NOT NULL, value bigint NOT NULL)",
             f"INSERT INTO {table} (name, k1, k2, value) VALUES ('\\x{EPOCH_ROW.hex()}'::bytea, 0, 0, 0)",
         )
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", queue):
-        await _create(
+        await create(
             conn,
             f"CREATE UNLOGGED TABLE {queue} (ticket bigserial PRIMARY KEY, k1 int4 NOT NULL, k2 int4 NOT NULL,"
             " shared boolean NOT NULL, hold text NOT NULL, client text NOT NULL, s1 int4 NOT NULL, s2 int4 NOT NULL)",
@@ -92,11 +92,13 @@ async def set_up(conn: Any, table: str, queue: str, sequence: str | None) -> Non
         )
     if sequence is not None:
         if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", sequence):
-            await _create(conn, f"CREATE UNLOGGED SEQUENCE {sequence}")
+            await create(conn, f"CREATE UNLOGGED SEQUENCE {sequence}")
         await _reseed(conn, table, sequence)
 
 
-async def _create(conn: Any, *statements: str) -> None:
+async def create(conn: Any, *statements: str) -> None:
+    """Run ``statements`` (creating schema objects) in one durable transaction; another client's
+    object made at the same moment counts as made."""
     try:
         async with conn.transaction():
             # Durable whatever the server's setting: an object lost in a crash
