@@ -216,7 +216,7 @@ class RedlockBackend:
                 "an election needs one line of candidates and a token that grows from leader to leader, and "
                 "independent nodes keep neither (each orders its own line, and Redlock has no safe fencing "
                 "token); use a single Redis server (redis://), Sentinel (redis+sentinel://), Redis Cluster "
-                "(redis+cluster://), ZooKeeper or etcd",
+                "(redis+cluster://), ZooKeeper, etcd or PostgreSQL",
             )
         if kind != "lock":
             raise unsupported(self.kind, kind, "use several redis:// locks or a redis:// primitive")
