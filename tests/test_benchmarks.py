@@ -192,6 +192,14 @@ def test_verdict_fails_the_run_only_on_a_measured_miss() -> None:
     assert status == 1
     assert "1 missed (asynclock redis://: uncontended acquire+release / raw floor)" in summary
 
+    # a health-check PING is not a command of the pairs; every other command is
+    unc["asynclock-redis"]["commands"] = {"evalsha": 2.0, "set": 2.0, "get": 1.0, "time": 1.0, "ping": 0.001}
+    by_name = {c["target"]: c for c in report.targets({"uncontended": unc})}
+    assert by_name["asynclock redis://: server commands per uncontended pair"]["value"] == 6.0
+    unc["asynclock-redis"]["commands"]["del"] = 0.5
+    by_name = {c["target"]: c for c in report.targets({"uncontended": unc})}
+    assert by_name["asynclock redis://: server commands per uncontended pair"]["met"] is False
+
     # connections count only when every lock was held: a refused hold takes none, so it cannot pass
     partial = {"connections": {"hold_many": {"asked": 1000, "held": 990, "connections": 2}}}
     status, summary = report.verdict(report.targets(partial))
