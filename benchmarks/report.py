@@ -444,7 +444,7 @@ def chart(results: dict[str, Any], path: Path) -> Path | None:
             ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
     m = results["machine"]
     fig.suptitle(f"asynclock vs peers, {results['when'][:16]} ({m['cpus']} CPUs, Python {m['python']})", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))  # (room at the top for the title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
