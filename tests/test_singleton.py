@@ -1,5 +1,6 @@
 """Singleton jobs (``@locks.singleton``): on memory:// in one process, then on
-ZooKeeper across four processes whose schedules are skewed.
+ZooKeeper, Redis, PostgreSQL and etcd across four processes whose schedules
+are skewed.
 
 A call runs the job here unless another run holds its lock (running, or
 started less than ``at_least`` ago); ``at_most`` cancels a run that lasts
@@ -24,7 +25,6 @@ import asynclock
 import asynclock.testing
 from tests.harness import MemoryHarness
 from tests.servers import scaled
-from tests.servers.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.anyio
 
@@ -251,11 +251,13 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.parametrize("server", ["zookeeper_server", "redis_server", "postgres_server", "etcd_server"])
 async def test_four_processes_with_skewed_schedules_run_it_once_per_window(
-    zookeeper_server: ZooKeeperServer, tmp_path: Path
+    server: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Each process calls the job every ``period`` seconds, its schedule skewed by up to 0.3
     period from the others' (less than at_least): every period, exactly one of them runs it."""
+    url = request.getfixturevalue(server).url
     period, at_least, rounds = scaled(1.0), scaled(0.6), 4
     skews = [0.0, 0.1 * period, 0.3 * period, 0.2 * period]
     out = tmp_path / "runs.jsonl"
@@ -263,7 +265,7 @@ async def test_four_processes_with_skewed_schedules_run_it_once_per_window(
     procs = await asyncio.gather(
         *(
             asyncio.create_subprocess_exec(
-                *(sys.executable, "-c", SCHEDULER, zookeeper_server.url, prefix, str(out)),
+                *(sys.executable, "-c", SCHEDULER, url, prefix, str(out)),
                 *(str(skew), str(period), str(at_least), str(rounds)),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
