@@ -933,7 +933,7 @@ async def _contend_through(ensemble: ZooKeeperEnsemble, fault: Any, heal: Any) -
     for index in range(3):
         locks = asynclock.connect(ensemble.url, ttl=session_timeout, prefix="ens")
         target = leader if index == 0 else hosts[index % len(hosts)]
-        backend_of(locks).session._next_host = hosts.index(target)
+        backend_of(locks).session._servers.next = hosts.index(target)
         clients.append(locks)
     inside = 0
     overlaps = 0
