@@ -9,7 +9,7 @@ from aiozk.protocol.acl import ACL, ID
 
 from asynclock.abc import LockRef
 from asynclock.backends.zookeeper import ZooKeeperBackend
-from asynclock.backends.zookeeper._recipe import contenders_of, rw_holders, sequence
+from asynclock.backends.zookeeper._order import contenders_of, rw_holders, sequence
 from asynclock.backends.zookeeper._session import ZkSession
 from asynclock.backends.zookeeper._wire import NO_NODE, ZkError
 from tests.harness import Harness

@@ -23,7 +23,7 @@ import pytest
 
 import asynclock
 from asynclock import LockLost, LockTimeout
-from asynclock.backends.zookeeper._recipe import contenders_of
+from asynclock.backends.zookeeper._order import contenders_of
 from tests.child import ChildProcess, children
 from tests.harness_zookeeper import ZooKeeperHarness
 from tests.servers import scaled

@@ -32,7 +32,8 @@ import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.abc import LockRef
 from asynclock.backends.zookeeper import ZooKeeperBackend, escape_name, parse_url
-from asynclock.backends.zookeeper._recipe import Node, contenders_of
+from asynclock.backends.zookeeper._nodes import Node
+from asynclock.backends.zookeeper._order import contenders_of
 from asynclock.backends.zookeeper._wire import (
     EPHEMERAL,
     SEQUENTIAL,
@@ -197,7 +198,7 @@ async def test_foreign_contenders_count_by_sequence_number(zk: ZooKeeperHarness)
     lock = locks.lock("foreign")
     admin = await zk.admin()
     await locks.__aenter__()
-    await backend_of(locks)._recipe.ensure_parents(lock.key)
+    await backend_of(locks)._nodes.ensure_parents(lock.key)
     reply = await admin.session.call(
         protocol.Create2Request(
             path=f"{lock.key}/{uuid.uuid4().hex}__lock__",
@@ -409,7 +410,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
     session = backend.session
     admin = await zk.admin()
     key = backend.lock_key(LockRef("lock", "lost-create"))
-    await backend._recipe.ensure_parents(key)
+    await backend._nodes.ensure_parents(key)
     # the create went through, its answer never came: one node, ours
     node = Node("lost-create", "h-1", key, str(uuid.uuid4()))
     reply = await session.call(
@@ -421,7 +422,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
         )
     )
     node.uncertain, node.session = True, session.session_id
-    await backend._recipe._create(node, None)
+    await backend._nodes.create(node, None)
     assert node.path == reply.path and node.czxid == reply.stat.created_zxid
     assert await admin.contenders(key) == [reply.path]
     # a node with our GUID owned by another session is not adopted (and is removed)
@@ -435,7 +436,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
         )
     )
     other.uncertain, other.session = True, session.session_id
-    await backend._recipe._create(other, None)
+    await backend._nodes.create(other, None)
     assert other.path != stray.path
     assert await admin.contenders(key) == [reply.path, other.path]
     await admin.delete(str(reply.path))
@@ -485,7 +486,7 @@ async def test_an_acquire_cancelled_while_its_create_is_on_the_wire_leaves_no_no
     async with locks:
         lock = locks.lock("cancel-create")
         await lock.info()  # connected
-        await backend_of(locks)._recipe.ensure_parents(lock.key)
+        await backend_of(locks)._nodes.ensure_parents(lock.key)
         admin = await zk.admin()
         proxy.delay(0.3)  # every answer comes late: the create lands, its answer is on the way
         task = asyncio.create_task(lock.acquire())
@@ -933,7 +934,7 @@ async def _contend_through(ensemble: ZooKeeperEnsemble, fault: Any, heal: Any) -
     for index in range(3):
         locks = asynclock.connect(ensemble.url, ttl=session_timeout, prefix="ens")
         target = leader if index == 0 else hosts[index % len(hosts)]
-        backend_of(locks).session._next_host = hosts.index(target)
+        backend_of(locks).session._servers.next = hosts.index(target)
         clients.append(locks)
     inside = 0
     overlaps = 0

@@ -29,7 +29,7 @@ import asynclock
 from asynclock import LockTimeout
 from asynclock.abc import LockRef
 from asynclock.backends.zookeeper import ZooKeeperBackend
-from asynclock.backends.zookeeper._recipe import contenders_of
+from asynclock.backends.zookeeper._order import contenders_of
 from tests.harness_zookeeper import ZooKeeperHarness
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy

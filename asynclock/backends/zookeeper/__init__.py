@@ -2,9 +2,10 @@
 
 One acquisition is one ephemeral sequential node, named like Curator's
 protected mode (``_c_<guid>-lock-<seq>``), under the lock's znode
-(:mod:`._layout`); the contender rules, the queue and the clean-up are in
-:mod:`._recipe`; the session, on aiozk's wire format with our own life
-cycle, in :mod:`._session`; the holds and their lease in :mod:`._holds`.
+(:mod:`._layout`); the contender rules are in :mod:`._order`, the queue in
+:mod:`._recipe`, creating and deleting nodes in :mod:`._nodes`; the session,
+on aiozk's wire format with our own life cycle, in :mod:`._session`; the
+holds and their lease in :mod:`._holds`.
 
 Requests: ``try_acquire`` creates the hold's node and reads the contenders
 in the same round trip: held, or queued (the node stays), or (not queueing)
@@ -84,7 +85,9 @@ from ._layout import (
     permits_data,
     ttl_refused,
 )
-from ._recipe import Node, Recipe, reader_holds, rw_holders
+from ._nodes import Node, Nodes
+from ._order import reader_holds, rw_holders
+from ._recipe import Recipe
 from ._session import ZkSession
 from ._wire import (
     CREATOR_ACL,
@@ -140,10 +143,11 @@ class ZooKeeperBackend:
             keepalive=lambda: self._holds.keepalive(),
             auth=() if auth is None else [auth],
         )
-        self._recipe = Recipe(
+        self._nodes = Nodes(
             self._session, chroot=chroot, acl=OPEN_ACL if auth is None else CREATOR_ACL, no_chroot=self._no_chroot
         )
-        self._holds = Holds(self._recipe)
+        self._recipe = Recipe(self._nodes)
+        self._holds = Holds(self._nodes)
         self._connect_timeout = DEFAULT_CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
 
     @classmethod
@@ -276,9 +280,9 @@ class ZooKeeperBackend:
         """Take ``node`` (and a semaphore's mutex) out of the queue, in the caller's task where it can."""
         self._holds.forget(node)
         mutex, node.mutex = node.mutex, None
-        await self._recipe.let_go(node)
+        await self._nodes.let_go(node)
         if mutex is not None:
-            await self._recipe.let_go(mutex)
+            await self._nodes.let_go(mutex)
 
     def _node(self, ref: LockRef, hold: str) -> Node:
         """The node a new hold of ``ref`` queues (a semaphore: behind its mutex)."""
@@ -318,7 +322,7 @@ class ZooKeeperBackend:
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
         node = self._holds.get(hold)
-        if node is None or not node.held or not self._recipe.alive(node):
+        if node is None or not node.held or not self._nodes.alive(node):
             return False
         node.count = count
         return True
@@ -336,11 +340,11 @@ class ZooKeeperBackend:
         node = self._holds.get(hold)
         if node is None:
             return False
-        recipe = self._recipe
+        nodes = self._nodes
         mutex, node.mutex = node.mutex, None
         if mutex is not None:  # a semaphore's waiter: the next one's turn at the mutex
-            await recipe.let_go(mutex)
-        if not recipe.alive(node) or recipe.closed:
+            await nodes.let_go(mutex)
+        if not nodes.alive(node) or nodes.closed:
             # the session is known to be over (expired or closed): so are its nodes.
             # Past its timeout is not enough: until the server has expired it, any
             # request (a ping) revives it, and the node would then stay forever.
@@ -349,7 +353,7 @@ class ZooKeeperBackend:
         node.releasing = True
         if node.path is None or node.uncertain:
             self._holds.forget(node)
-            recipe.discard(node)
+            nodes.discard(node)
             return False
         session = self._session
         try:
@@ -372,10 +376,10 @@ class ZooKeeperBackend:
     def _finish_later(self, node: Node) -> None:
         """Keep deleting a released node in the background until done or its session ends."""
         if node.finisher is None or node.finisher.done():
-            node.finisher = self._recipe.spawn(self._finish_release(node))
+            node.finisher = self._nodes.spawn(self._finish_release(node))
 
     async def _finish_release(self, node: Node) -> None:
-        await self._recipe.cleanup(node)
+        await self._nodes.cleanup(node)
         self._holds.forget(node)
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
@@ -423,11 +427,11 @@ class ZooKeeperBackend:
 
     async def aclose(self) -> None:
         """Close the session (the server deletes our nodes at once), bounded in time."""
-        if self._recipe.closed:
+        if self._nodes.closed:
             return
-        self._recipe.closed = True
+        self._nodes.closed = True
         await self._session.close(min(1.0, self._session.timeout / 2))
-        await self._recipe.stop()
+        await self._nodes.stop()
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ._wire import FRAME_SIZE, PING_XID, REPLY_HEADER, ZkConnectionLoss
 
-__all__ = ["Conn", "Handshake", "Pending", "WatchCallback", "cause", "handshake"]
+__all__ = ["Conn", "Handshake", "Pending", "WatchCallback", "handshake"]
 
 logger = logging.getLogger("asynclock")
 
@@ -155,19 +154,6 @@ async def handshake(host: str, port: int, budget: float, request: Any) -> Handsh
             writer.close()
         raise
     return Handshake(reader, writer, answer, sent)
-
-
-def cause(exc: BaseException, budget: float) -> str:
-    """Why a connection attempt failed, in a few words."""
-    if isinstance(exc, socket.gaierror):
-        return "name not resolved"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, TimeoutError):
-        return f"timed out after {budget:.3g} s"
-    if isinstance(exc, (EOFError, asyncio.IncompleteReadError)):
-        return "closed the connection before answering"
-    return str(exc) or type(exc).__name__
 
 
 def _run_callback(callback: WatchCallback, what: str) -> None:

@@ -9,7 +9,7 @@ from urllib.parse import unquote
 from ..._values import LockInfo
 from ._holds import Holds
 from ._layout import RESERVED, permits_of
-from ._recipe import contenders_of
+from ._order import contenders_of
 from ._session import ZkSession
 from ._wire import NO_NODE, ZkError, children_request, exists_request, get_data_request
 

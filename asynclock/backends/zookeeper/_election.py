@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import Callable
 
 from ..._values import Leader
-from ._recipe import contenders_of
+from ._order import contenders_of
 from ._session import WatchCallback, ZkSession
 from ._wire import NO_NODE, ZkError, children_request, exists_request, get_data_request, map_errors
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..._values import LossReason
 from ...abc import BackendHooks, RenewItem
-from ._recipe import Node, Recipe
+from ._nodes import Node, Nodes
 from ._session import WatchCallback
 from ._wire import NO_NODE, ZkConnectionLoss, ZkError, exists_request, get_data_request
 
@@ -33,29 +33,29 @@ __all__ = ["Holds"]
 class Holds:
     """Every hold of this client by hold id (a queued one too), on one session."""
 
-    def __init__(self, recipe: Recipe) -> None:
-        self._recipe = recipe
-        self._session = recipe.session
-        self._nodes: dict[str, Node] = {}
+    def __init__(self, nodes: Nodes) -> None:
+        self._nodes = nodes
+        self._session = nodes.session
+        self._by_hold: dict[str, Node] = {}
         self.hooks: BackendHooks | None = None
 
     def get(self, hold: str) -> Node | None:
-        return self._nodes.get(hold)
+        return self._by_hold.get(hold)
 
     def add(self, node: Node) -> None:
-        self._nodes[node.hold] = node
+        self._by_hold[node.hold] = node
 
     def forget(self, node: Node) -> None:
-        if self._nodes.get(node.hold) is node:
-            del self._nodes[node.hold]
+        if self._by_hold.get(node.hold) is node:
+            del self._by_hold[node.hold]
 
     def held_paths(self) -> dict[str, Node]:
         """Our held nodes by path."""
-        return {node.path: node for node in self._nodes.values() if node.held and node.path is not None}
+        return {node.path: node for node in self._by_hold.values() if node.held and node.path is not None}
 
     def keepalive(self) -> bool:
         """Whether the session should ping by itself: not while we hold (the renewals are the heartbeat)."""
-        return not any(node.held and not node.releasing and not node.gone for node in self._nodes.values())
+        return not any(node.held and not node.releasing and not node.gone for node in self._by_hold.values())
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
         """One pipelined ``exists`` per held node, sent now: True if it is still ours."""
@@ -64,8 +64,8 @@ class Holds:
         sid = session.session_id
         futures: list[asyncio.Future[Any] | None] = []
         for item in items:
-            node = self._nodes.get(item.hold)
-            if node is None or not self._recipe.alive(node) or node.path is None:
+            node = self._by_hold.get(item.hold)
+            if node is None or not self._nodes.alive(node) or node.path is None:
                 futures.append(None)
             elif node.held and not node.releasing and node.armed != session.connection_seq:
                 # the first renewal on a connection also sets the deletion watch
@@ -103,20 +103,20 @@ class Holds:
         if node.path is None or node.armed == self._session.connection_seq:
             return
         node.armed = self._session.connection_seq
-        self._recipe.spawn(self._watch_held(node))
+        self._nodes.spawn(self._watch_held(node))
 
     def _held_watch(self, node: Node) -> WatchCallback:
         """The callback of a held node's deletion watch."""
 
         def fired(what: str) -> None:
             node.armed = -1
-            if what != "disconnected" and not self._recipe.closed:
+            if what != "disconnected" and not self._nodes.closed:
                 self._arm(node)  # read it again: deleted, or just changed?
 
         return fired
 
     async def _watch_held(self, node: Node) -> None:
-        if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.path is None:
+        if self._by_hold.get(node.hold) is not node or not node.held or node.releasing or node.path is None:
             return
         try:
             await self._session.call(
@@ -129,7 +129,7 @@ class Holds:
                 self._node_gone(node, "the lock node was deleted (removed on the server, or the session ended)")
 
     def _node_gone(self, node: Node, reason: str) -> None:
-        if self._nodes.get(node.hold) is not node or not node.held or node.releasing or node.gone:
+        if self._by_hold.get(node.hold) is not node or not node.held or node.releasing or node.gone:
             return
         node.gone = True
         if self.hooks is not None:
@@ -139,23 +139,23 @@ class Holds:
 
     def on_disconnected(self, reason: str) -> None:
         """The connection was lost: the holds are at risk until the session is confirmed alive again."""
-        held = [node.hold for node in self._nodes.values() if node.held and not node.releasing and not node.gone]
+        held = [node.hold for node in self._by_hold.values() if node.held and not node.releasing and not node.gone]
         if held and self.hooks is not None:
             self.hooks.at_risk(held, f"the ZooKeeper connection was lost ({reason}); the session may still live")
 
     def on_connected(self) -> None:
         """A (re)connection: watch the held nodes again."""
-        if self._recipe.closed:
+        if self._nodes.closed:
             return
         sid = self._session.session_id
-        for node in list(self._nodes.values()):
+        for node in list(self._by_hold.values()):
             if node.held and not node.gone and node.session == sid:
                 self._arm(node)
 
     def on_expired(self, old_session: int) -> None:
         """The session expired, and every node it made: its holds are lost now."""
         lost = []
-        for node in self._nodes.values():
+        for node in self._by_hold.values():
             if node.session == old_session and not node.gone:
                 node.gone = True
                 if node.held and not node.releasing:

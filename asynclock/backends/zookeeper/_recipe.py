@@ -1,181 +1,34 @@
-"""The recipe: contender rules, queueing a node until it holds, adopting a node after a lost create, clean-up.
+"""The recipe: queueing a node until it holds.
 
-Every child whose name ends in a 10-digit sequence number is a contender,
-whoever wrote it (Curator ``_c_…-lock-N``, kazoo ``…__lock__N``), ordered by
-that number. The lowest holds (a reader: when no writer is ahead; a
-semaphore's lease: when among the first ``permits``); every other contender
-watches only its immediate predecessor (no herd). When that one goes and it
-was the only contender ahead, the waiter holds at once (a node is never
-created ahead of an existing one: the sequence only grows); otherwise it
-re-reads the children, as it does after any reconnect (watches belong to a
-connection).
-
-A create whose answer was lost with the connection is resolved by looking
-for the GUID among the children (and checking the node's ephemeralOwner is
-our session), never by creating blindly again. A node that cannot be deleted
-now (no connection, or its create still unanswered) is deleted in the
-background once it can be, until done or its session is over.
+A waiter watches only the node its rule names (:mod:`._order`). When that
+one goes and it was the only contender ahead, the waiter holds at once (a
+node is never created ahead of an existing one: the sequence only grows);
+otherwise it re-reads the children, as it does after any reconnect (watches
+belong to a connection). A semaphore's lease is queued behind its mutex:
+the mutex is held first, the lease's node created then, and the mutex let go
+once the lease holds. Creating, finding and deleting the nodes is
+:mod:`._nodes`' part.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import re
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from ..._errors import LockError
-from ..._timing import Backoff
-from ._layout import LOCK_BASE, PROTECTED, WRITE
-from ._session import WatchCallback, ZkSession
-from ._wire import (
-    CONTAINER,
-    EPHEMERAL,
-    NO_NODE,
-    NODE_EXISTS,
-    SEQUENTIAL,
-    ZkConnectionLoss,
-    ZkError,
-    children_request,
-    create_request,
-    delete_request,
-    exists_request,
-    get_data_request,
-)
+from ._nodes import Node, Nodes
+from ._order import contenders_of
+from ._session import WatchCallback
+from ._wire import NO_NODE, ZkConnectionLoss, ZkError, get_data_request
 
-__all__ = [
-    "Node",
-    "Recipe",
-    "Rule",
-    "Verify",
-    "contenders_of",
-    "first_holds",
-    "reader_holds",
-    "rw_holders",
-    "sequence",
-]
-
-logger = logging.getLogger("asynclock")
-
-#: What makes a child a contender: a 10-digit sequence number at the end.
-_SEQUENCE = re.compile(r"(\d{10})$")
-#: Longest pause between two attempts of a background deletion.
-_CLEANUP_PAUSE = 0.5
-#: How often a create is tried again after creating the parents it lacked.
-_PARENT_RETRIES = 3
-
-#: Given the contenders (in order) and our node's name: do we hold, and which node to watch.
-Rule = Callable[[list[str], str], tuple[bool, str | None]]
-#: Given the contenders (in order) and our new node's name: raise if the queue refuses us.
-Verify = Callable[[list[str], str], Awaitable[None]]
-
-
-def sequence(child: str) -> int | None:
-    """The sequence number a contender's name ends in, or None (not a contender)."""
-    match = _SEQUENCE.search(child)
-    return int(match.group(1)) if match else None
-
-
-def contenders_of(children: Sequence[str]) -> list[str]:
-    """The children that take part in the lock, in the order they hold it."""
-    found = [(seq, child) for child in children if (seq := sequence(child)) is not None]
-    found.sort()
-    return [child for _, child in found]
-
-
-def first_holds(contenders: list[str], mine: str) -> tuple[bool, str | None]:
-    """A mutex (and a writer): the lowest holds; a waiter watches the node just ahead."""
-    index = contenders.index(mine)
-    return index == 0, None if index == 0 else contenders[index - 1]
-
-
-def reader_holds(contenders: list[str], mine: str) -> tuple[bool, str | None]:
-    """A reader holds when no writer is ahead of it, and watches the nearest writer ahead."""
-    writers = [child for child in contenders[: contenders.index(mine)] if WRITE in child]
-    return not writers, writers[-1] if writers else None
-
-
-def rw_holders(contenders: list[str]) -> list[str]:
-    """Who holds a read-write lock: the first node if a writer, else the readers before the first writer."""
-    holders: list[str] = []
-    for child in contenders:
-        if WRITE in child:
-            return holders or [child]
-        holders.append(child)
-    return holders
-
-
-@dataclass(eq=False)
-class Node:
-    """One acquisition: its contender node and what we know about it."""
-
-    name: str
-    hold: str
-    dir: str
-    guid: str
-    #: what follows the GUID in the node's name (the server appends the sequence)
-    base: str = LOCK_BASE
-    #: whether it holds, given the contenders in order and its own name
-    rule: Rule = first_holds
-    #: a semaphore's mutex: held first, then this node is created; let go once this node holds
-    mutex: Node | None = None
-    #: sees the queue once this node is in it, and may refuse it by raising
-    verify: Verify | None = None
-    #: waits on a children watch instead of its predecessor (a semaphore's lease:
-    #: only the mutex holder waits there, so no herd)
-    by_children: bool = False
-    path: str | None = None
-    czxid: int | None = None
-    session: int = 0
-    count: int = 1
-    held: bool = False
-    gone: bool = False
-    releasing: bool = False
-    delete_sent: bool = False
-    #: a create was sent whose answer never came: the node may exist
-    uncertain: bool = False
-    #: what the node holds (a semaphore's lease: its permits)
-    data: bytes = b""
-    create_future: asyncio.Future[Any] | None = None
-    #: connection on which the deletion watch of a held node is set
-    armed: int = -1
-    #: the background deletion of a release that could not finish
-    finisher: asyncio.Task[None] | None = None
-    #: what the look that queued it saw (holds, node ahead, contenders): the wait starts from it
-    seen: tuple[bool, str | None, list[str]] | None = None
+__all__ = ["Recipe"]
 
 
 class Recipe:
-    """Queues nodes on one session: create, read, watch, adopt and delete them."""
+    """Moves nodes of one session towards holding: look at the queue, wait on the node ahead."""
 
-    def __init__(self, session: ZkSession, *, chroot: str, acl: bytes, no_chroot: Callable[[], Exception]) -> None:
-        self.session = session
-        self.closed = False
-        self._chroot = chroot
-        self._acl = acl
-        self._no_chroot = no_chroot
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    def alive(self, node: Node) -> bool:
-        """Whether ``node`` may still exist: not lost, and made (if at all) by the current session."""
-        return not node.gone and (node.session == 0 or node.session == self.session.session_id)
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def stop(self) -> None:
-        """Stop the background deletions (the session is closed: the server deletes our nodes)."""
-        self.closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=1.0)
+    def __init__(self, nodes: Nodes) -> None:
+        self.nodes = nodes
+        self.session = nodes.session
 
     async def wait_connected(self, until: float | None) -> None:
         """Wait for a connection: until the loop time ``until``, and never longer than one session timeout."""
@@ -199,10 +52,10 @@ class Recipe:
         """
         loop = asyncio.get_running_loop()
         while True:
-            if self.closed:
+            if self.nodes.closed:
                 raise ZkConnectionLoss("the ZooKeeper client is closed")
             mutex = node.mutex
-            if mutex is not None and mutex.held and not self.alive(mutex):
+            if mutex is not None and mutex.held and not self.nodes.alive(mutex):
                 mutex.held = False  # its session expired: take it again
             current = mutex if mutex is not None and not mutex.held else node
             by_children = current is node and node.by_children
@@ -236,7 +89,7 @@ class Recipe:
                     node.held = True
                     if mutex is not None:
                         node.mutex = None
-                        await self.let_go(mutex)
+                        await self.nodes.let_go(mutex)
                     return True
                 if not wait:
                     current.seen = seen  # the wait that follows needs no second look
@@ -253,15 +106,15 @@ class Recipe:
         None when the node is no longer among the contenders (it has to queue again).
         """
         listing: asyncio.Future[Any] | None = None
-        if node.path is None or not self.alive(node):
+        if node.path is None or not self.nodes.alive(node):
             node.path, node.gone = None, False
             # the children are read in the same write as the create: the
             # server answers a session's requests in order, so the list
             # has our node in it (one round trip when the lock is free)
-            listing = await self._create(node, watch)
+            listing = await self.nodes.create(node, watch)
             assert node.path is not None
         if listing is None:
-            listing = self._list(node.dir, watch)
+            listing = self.nodes.list_children(node.dir, watch)
         try:
             reply = await listing
         except ZkError as exc:
@@ -276,7 +129,7 @@ class Recipe:
             return None
         for twin in contenders:
             if node.guid in twin and twin != mine:  # a duplicate create: never ours to keep
-                self.spawn(self.delete_quietly(f"{node.dir}/{twin}"))
+                self.nodes.spawn(self.nodes.delete_quietly(f"{node.dir}/{twin}"))
         if node.verify is not None:
             await node.verify(contenders, mine)
             node.verify = None
@@ -320,170 +173,4 @@ class Recipe:
         # now: no need to read again.
         assert node.path is not None
         holds, _ = node.rule([child for child in contenders if child != ahead], node.path.rsplit("/", 1)[1])
-        return holds and self.alive(node) and session.connected
-
-    # -- creating ------------------------------------------------------------------
-
-    def _list(self, path: str, watch: WatchCallback | None = None) -> asyncio.Future[Any]:
-        """Send a getChildren of ``path`` now (with a children watch calling ``watch``)."""
-        request = children_request(path, watch=watch is not None)
-        return self.session.submit(request, path, watch=None if watch is None else ("child", watch))
-
-    async def _create(self, node: Node, watch: WatchCallback | None = None) -> asyncio.Future[Any] | None:
-        """Create our contender node, once, even across connection losses.
-
-        Returns the answer to a getChildren (with a children watch calling
-        ``watch``) sent right behind the create, or None when the node was
-        found after a lost create answer. A connection loss raises and leaves
-        the node uncertain: the next call looks for it by its GUID.
-        """
-        session = self.session
-        base = f"{node.dir}/{PROTECTED}{node.guid}{node.base}"
-        for attempt in range(_PARENT_RETRIES + 1):
-            if node.uncertain and await self._adopt(node):
-                return None
-            future = session.submit(create_request(base, EPHEMERAL | SEQUENTIAL, data=node.data, acl=self._acl), base)
-            node.session, node.uncertain, node.create_future = session.session_id, True, future
-            listing: asyncio.Future[Any] | None = None
-            with contextlib.suppress(ZkConnectionLoss):  # the create's own answer tells
-                listing = self._list(node.dir, watch)
-            try:
-                if listing is not None:
-                    # answered after the create (a session's answers come in
-                    # order, and a dropped connection fails both): waiting on
-                    # the listing leaves the create's future alone, so a
-                    # cancelled acquire still learns which node it made
-                    with contextlib.suppress(LockError):
-                        await listing
-                    if not future.done():  # pragma: no cover - the server answers in order
-                        await asyncio.shield(future)
-                    reply = future.result()
-                else:
-                    reply = await asyncio.shield(future)
-            except ZkConnectionLoss:
-                raise  # did it happen? _adopt finds out, after the reconnect
-            except ZkError as exc:
-                node.uncertain = False
-                if exc.code == NO_NODE and attempt < _PARENT_RETRIES:
-                    await self.ensure_parents(node.dir)
-                    continue
-                raise
-            node.uncertain = False
-            node.path = str(reply.path)
-            node.czxid = int(reply.stat.created_zxid)
-            return listing
-        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
-
-    async def _adopt(self, node: Node) -> bool:
-        """After a lost create answer: find our node by its GUID; keep it if this session owns it."""
-        session = self.session
-        try:
-            reply = await session.call(children_request(node.dir), node.dir)
-        except ZkError as exc:
-            if exc.code != NO_NODE:
-                raise
-            node.uncertain = False
-            return False
-        ours = [child for child in contenders_of(reply.children) if node.guid in child]
-        adopted = False
-        for child in ours:
-            path = f"{node.dir}/{child}"
-            try:
-                stat = await session.call(exists_request(path), path)
-            except ZkError as exc:
-                if exc.code == NO_NODE:
-                    continue
-                raise
-            if not adopted and int(stat.stat.ephemeral_owner) == session.session_id:
-                node.path, node.czxid, node.session = path, int(stat.stat.created_zxid), session.session_id
-                adopted = True
-                logger.debug("found our node %s of %r after a lost create answer", path, node.name)
-            else:
-                await self.delete_quietly(path)
-        node.uncertain = False
-        return adopted
-
-    async def ensure_parents(self, path: str) -> None:
-        """Create our prefix and lock znodes (containers) under the chroot, which must exist."""
-        session = self.session
-        parts = path.strip("/").split("/")
-        chroot_depth = len(self._chroot.strip("/").split("/")) if self._chroot else 0
-        for depth in range(chroot_depth + 1, len(parts) + 1):
-            current = "/" + "/".join(parts[:depth])
-            request = create_request(current, CONTAINER, container=True, acl=self._acl)
-            try:
-                await session.call(request, current)
-            except ZkError as exc:
-                if exc.code == NO_NODE and depth == chroot_depth + 1 and self._chroot:
-                    raise self._no_chroot() from exc  # deleted since the client started
-                if exc.code != NODE_EXISTS:
-                    raise
-
-    # -- deleting ------------------------------------------------------------------
-
-    async def delete_quietly(self, path: str) -> None:
-        with contextlib.suppress(LockError):
-            await self.session.call(delete_request(path), path)
-
-    async def let_go(self, node: Node) -> None:
-        """Delete ``node`` now, in the caller's task; what cannot be deleted now goes in the background."""
-        node.held = False
-        if node.path is None and not node.uncertain and node.create_future is None:
-            return  # never created
-        settled = node.create_future is None or node.create_future.done()
-        if node.path is None or node.uncertain or not settled or not self.session.connected:
-            self.discard(node)
-            return
-        try:
-            await self.session.call(delete_request(node.path), node.path)
-        except ZkError as exc:
-            if exc.code != NO_NODE:
-                self.discard(node)
-        except ZkConnectionLoss:
-            self.discard(node)
-        except BaseException:
-            self.discard(node)  # sent, perhaps: the clean-up finds out
-            raise
-
-    def discard(self, node: Node) -> asyncio.Task[None]:
-        """Delete ``node`` in the background (by path, or by GUID if its create is unsettled)."""
-        return self.spawn(self.cleanup(node))
-
-    async def cleanup(self, node: Node) -> None:
-        """Delete ``node``; retried until done or moot (its session is over)."""
-        session = self.session
-        backoff = Backoff(cap=_CLEANUP_PAUSE)
-        while not self.closed:
-            if node.session and node.session != session.session_id:
-                return  # its session is gone, and every ephemeral node of it
-            future = node.create_future
-            if future is not None and not future.done():
-                with contextlib.suppress(LockError):
-                    await asyncio.shield(future)
-            if future is not None and future.done() and not future.cancelled() and future.exception() is None:
-                node.path, node.uncertain = str(future.result().path), False
-            if not node.uncertain and node.path is None:
-                return  # nothing was created: no need to wait for a connection
-            try:
-                await session.wait_connected(None)
-                if node.session and node.session != session.session_id:
-                    return
-                if node.path is not None and not node.uncertain:
-                    await self.delete_quietly(node.path)
-                    if not session.connected:
-                        raise ZkConnectionLoss("disconnected during delete")
-                    return
-                reply = await session.call(children_request(node.dir), node.dir)
-                for child in reply.children:
-                    if node.guid in child:
-                        await self.delete_quietly(f"{node.dir}/{child}")
-                if session.connected:
-                    return
-            except ZkConnectionLoss:
-                pass
-            except ZkError as exc:
-                if exc.code == NO_NODE:
-                    return
-                logger.warning("could not delete the ZooKeeper node of %r: %s", node.name, exc)
-                return
-            await asyncio.sleep(backoff.next())
+        return holds and self.nodes.alive(node) and session.connected

@@ -11,12 +11,17 @@ the connection, the session and the watches are ours, for what a lock needs:
   ConnectResponse means the session expired, never a connection closed
   before answering;
 * every connection attempt (TCP connect plus the ConnectRequest round trip)
-  is bounded by the session timeout divided by the number of servers, and
-  rounds are spaced by at most half a second;
+  is bounded by the session timeout divided by the number of servers
+  (:mod:`._servers`), and rounds are spaced by at most half a second;
 * every watch belongs to its connection: on disconnect its callback runs
   with ``"disconnected"`` and its owner reads again;
 * Create2 answers with the stat (czxid and ephemeralOwner in one round trip);
 * ``close()`` is bounded, and every error is asynclock's (:mod:`._wire`).
+
+This module keeps the session's state: its identity (id, password,
+negotiated timeout), its life cycle, the current connection, liveness and
+expiry. One connection's frames and requests in flight are
+:mod:`._connection`'s, what a reply frame answers is :mod:`._replies`'.
 
 The first connection is bounded by the caller's time, and gives up at once
 when every server refused the connection or has a name that does not
@@ -39,8 +44,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import socket
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,22 +54,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._errors import LockError
 from ..._timing import Backoff
-from ._connection import Conn, Pending, WatchCallback, cause, handshake
-from ._wire import (
-    AUTH_XID,
-    EXISTS_OPCODE,
-    FRAME_SIZE,
-    NO_NODE,
-    PARSERS,
-    PING_XID,
-    REPLY_HEADER,
-    SESSION_EXPIRED,
-    SESSION_MOVED,
-    STATE_EXPIRED,
-    WATCH_XID,
-    ZkConnectionLoss,
-    error_for,
-)
+from ._connection import Conn, Pending, WatchCallback, handshake
+from ._replies import settle, take
+from ._servers import Servers
+from ._wire import AUTH_XID, FRAME_SIZE, ZkConnectionLoss
 
 __all__ = ["WatchCallback", "ZkSession"]
 
@@ -100,9 +91,7 @@ class ZkSession:
         keepalive: Callable[[], bool] = lambda: True,
         auth: Sequence[tuple[str, bytes]] = (),
     ) -> None:
-        if not hosts:
-            raise ValueError("no ZooKeeper servers given")
-        self.hosts = list(hosts)
+        self._servers = Servers(hosts)
         #: (scheme, credentials) sent on every connection, e.g. ("digest", b"user:password")
         self._auth = list(auth)
         self.requested_timeout = timeout
@@ -124,13 +113,10 @@ class ZkSession:
         self._runner: asyncio.Task[None] | None = None
         self._closed = False
         self._closing = False
-        self._next_host = random.randrange(len(self.hosts))
         #: whether a session was ever established (then it keeps reconnecting)
         self._established = False
         #: why the first connection was given up (every server refused or unknown)
         self._unreachable: str | None = None
-        #: "host:port" -> why the last attempt to it failed
-        self._causes: dict[str, str] = {}
         self._last_host = ""
 
     # -- life cycle ------------------------------------------------------------
@@ -150,7 +136,7 @@ class ZkSession:
         conn = self._conn
         if conn is not None:
             return conn.host
-        return self._last_host or self._servers()
+        return self._last_host or str(self._servers)
 
     async def start(self, timeout: float) -> None:
         """Connect (bounded by ``timeout``); BackendUnavailable if no server answered.
@@ -165,7 +151,7 @@ class ZkSession:
             raise ZkConnectionLoss("the ZooKeeper session is closed")
         if self._runner is None:
             self._unreachable = None
-            self._causes.clear()
+            self._servers.causes.clear()
             self._connected.clear()
             self._runner = asyncio.get_running_loop().create_task(self._run(), name="asynclock-zookeeper-session")
         try:
@@ -186,9 +172,8 @@ class ZkSession:
                 raise
             reason = self._unreachable
             if reason is None:
-                for host, port in self.hosts:  # (an attempt still under way when the time ran out)
-                    self._causes.setdefault(f"{host}:{port}", f"timed out after {timeout:.3g} s")
-                reason = f"no ZooKeeper server answered within {timeout:.3g} s: {self._describe_causes()}"
+                self._servers.ran_out(timeout)
+                reason = f"no ZooKeeper server answered within {timeout:.3g} s: {self._servers.describe()}"
             raise ZkConnectionLoss(reason) from exc.__cause__
 
     async def wait_connected(self, timeout: float | None = None) -> None:
@@ -201,7 +186,7 @@ class ZkSession:
             async with asyncio.timeout(timeout):
                 await self._connected.wait()
         except TimeoutError:
-            raise ZkConnectionLoss(f"no ZooKeeper server of {self._servers()} answered within {timeout:.3g}s") from None
+            raise ZkConnectionLoss(f"no ZooKeeper server of {self._servers} answered within {timeout:.3g}s") from None
         if self._closed:
             raise ZkConnectionLoss("the ZooKeeper session is closed")
         if self._unreachable is not None and not self.connected:
@@ -289,20 +274,14 @@ class ZkSession:
 
     # -- the connection loop -----------------------------------------------------
 
-    def _servers(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.hosts)
-
-    def _describe_causes(self) -> str:
-        return "; ".join(f"{where}: {cause}" for where, cause in self._causes.items())
-
     async def _run(self) -> None:
         backoff = Backoff(cap=_MAX_ROUND_PAUSE)
         while not self._closed and not self._closing:
-            conn, definitive = await self._connect_round()
+            conn, definitive = await self._servers.round(self.timeout, self._open)
             if conn is None:
                 if definitive and not self._established:
                     # Every server refused, or has no address: waiting cannot help.
-                    self._unreachable = f"no ZooKeeper server could be reached: {self._describe_causes()}"
+                    self._unreachable = f"no ZooKeeper server could be reached: {self._servers.describe()}"
                     self._connected.set()  # wake the caller of start(), which sees why
                     return
                 await asyncio.sleep(backoff.next() * random.uniform(0.5, 1.0))
@@ -325,38 +304,8 @@ class ZkSession:
                 with contextlib.suppress(asyncio.CancelledError):
                     await monitor
 
-    async def _connect_round(self) -> tuple[Conn | None, bool]:
-        """Try each server once, starting with the next in turn.
-
-        Returns the connection, or None and whether every server's answer was
-        definitive (connection refused, name not resolved).
-        """
-        budget = max(0.2, min(self.timeout / len(self.hosts), 2.0))
-        definitive = True
-        for _ in range(len(self.hosts)):
-            host, port = self.hosts[self._next_host]
-            self._next_host = (self._next_host + 1) % len(self.hosts)
-            where = f"{host}:{port}"
-            try:
-                conn = await self._open(host, port, budget)
-            except (OSError, TimeoutError, EOFError, asyncio.IncompleteReadError, struct.error) as exc:
-                logger.debug("ZooKeeper %s:%d: %r", host, port, exc)
-                self._causes[where] = cause(exc, budget)
-                definitive = definitive and isinstance(exc, (socket.gaierror, ConnectionRefusedError))
-                continue
-            except Exception as exc:  # a garbled answer: try the next server, never stop reconnecting
-                logger.exception("ZooKeeper %s:%d: unexpected answer to the connect request", host, port)
-                self._causes[where] = f"unexpected answer: {exc!r}"
-                definitive = False
-                continue
-            if conn is not None:
-                self._causes.clear()
-                return conn, False
-            self._causes[where] = "refused to start a session"
-            definitive = False
-        return None, definitive
-
     async def _open(self, host: str, port: int, budget: float) -> Conn | None:
+        """One attempt: ask ``host`` for this session (or a new one), take its answer, send the credentials."""
         request = protocol.ConnectRequest(
             protocol_version=0,
             last_seen_zxid=self.last_zxid,
@@ -425,65 +374,18 @@ class ZkSession:
                 return
 
     def _dispatch(self, conn: Conn, frame: bytes) -> None:
-        """Handle one reply frame: an answer, a ping answer, or a watch event."""
-        xid, zxid, code = REPLY_HEADER.unpack_from(frame)
-        body = frame[REPLY_HEADER.size :]
-        if zxid > 0:
-            self.last_zxid = max(self.last_zxid, zxid)
-        if xid == WATCH_XID:
-            event = protocol.WatchEvent.deserialize(body)
-            if event.type == -1:
-                if event.state == STATE_EXPIRED:
-                    self._expire("the server sent a session expired event")
-            else:
-                conn.fire(event.type, event.path)
-        elif xid == PING_XID:
-            if conn.pings:
-                sent, future = conn.pings.popleft()
-                self.confirmed_at = max(self.confirmed_at, sent)
-                if future is not None and not future.done():
-                    future.set_result(sent)
-        elif xid != AUTH_XID:
-            pending = conn.pending.pop(xid, None)
-            if pending is None:
-                return
-            if code == SESSION_EXPIRED:
-                # Taken out of the pending table above, so _drop will not fail
-                # it: answer its caller here, or it would wait forever.
-                if not pending.future.done():
-                    pending.future.set_exception(ZkConnectionLoss("the ZooKeeper session expired"))
-                    pending.future.exception()  # retrieved: callers may have gone
-                self._expire("a request was answered SessionExpired")
+        """Handle one reply frame: what it proves of the session first, then whatever waits on it."""
+        reply = take(conn, frame)
+        if reply.zxid > 0:
+            self.last_zxid = max(self.last_zxid, reply.zxid)
+        confirmed = reply.confirms
+        if confirmed is not None:
+            self.confirmed_at = max(self.confirmed_at, confirmed)
+        expired = settle(conn, reply)
+        if expired is not None:
+            self._expire(expired)
+            if reply.pending is not None:  # answered SessionExpired: this connection serves no session
                 self._drop(conn, "session expired")
-                return
-            if code != SESSION_MOVED:
-                self.confirmed_at = max(self.confirmed_at, pending.sent_at)
-            self._answer(conn, pending, code, body)
-
-    def _answer(self, conn: Conn, pending: Pending, code: int, body: bytes) -> None:
-        future = pending.future
-        if code == NO_NODE and pending.opcode == EXISTS_OPCODE and pending.watch is not None:
-            conn.watch(*pending.watch, pending.path)  # the server watches for the node's creation
-        if code:
-            if not future.done():
-                future.set_exception(error_for(code, pending.path, conn.host))
-                future.exception()  # retrieved: callers may have gone
-            return
-        if pending.watch is not None:
-            conn.watch(*pending.watch, pending.path)
-        if future.done():
-            return
-        parse = PARSERS.get(pending.opcode)
-        try:
-            if parse is not None:
-                reply = parse(body)
-            else:
-                response_class = protocol.response_xref.get(pending.opcode)
-                reply = response_class.deserialize(body) if response_class is not None and body else None
-        except (struct.error, ValueError, UnicodeDecodeError) as exc:
-            future.set_exception(ZkConnectionLoss(f"could not parse a ZooKeeper reply: {exc!r}"))
-            return
-        future.set_result(reply)
 
     async def _monitor(self, conn: Conn) -> None:
         """Ping while idle (if wanted) and give up a connection that stopped answering."""
