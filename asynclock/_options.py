@@ -88,17 +88,29 @@ def whole(value: object, what: str, *, minimum: int = 0) -> int:
     return value
 
 
-def host_list(hosts: str, url: str, what: str) -> list[tuple[str, int]]:
-    """``h1:p1,h2:p2`` (a URL's hosts) as (host, port) pairs.
+def host_list(hosts: str, url: str, what: str, *, default_port: int | None = None) -> list[tuple[str, int]]:
+    """``h1:p1,h2:p2`` (a URL's hosts) as (host, port) pairs; ``[v6]:port`` without its brackets.
 
-    ValueError ``"<what> as host:port, got …"`` for a host without a port,
-    with ``url`` shown masked.
+    A host without a port gets ``default_port``, or is refused if there is
+    none. ValueError ``"<what> as host:port, got …"`` for an empty host or
+    a port that is not a number from 1 to 65535, with ``url`` shown masked.
     """
     pairs: list[tuple[str, int]] = []
-    for host in hosts.split(","):
-        name, _, port = host.strip().rpartition(":")
-        if not name or not port.isdigit():
-            raise ValueError(f"{what} as host:port, got {host!r} in {mask_url(url)}")
+    for item in hosts.split(","):
+        item = item.strip()
+        if item.startswith("["):  # an IPv6 address: the colons inside the brackets are not the port's
+            name, _, rest = item[1:].partition("]")
+            sep, port = rest[:1], rest[1:]
+            if rest and sep != ":":
+                name = ""
+        else:
+            name, sep, port = item.rpartition(":")
+            if not sep:
+                name, port = port, ""
+        if not port and default_port is not None and not sep:
+            port = str(default_port)
+        if not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{what} as host:port, got {item!r} in {mask_url(url)}")
         pairs.append((name, int(port)))
     return pairs
 

@@ -8,6 +8,8 @@ import sys
 import types
 from pathlib import Path
 
+import pytest
+
 import asynclock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,3 +72,29 @@ def test_public_classes_say_they_are_asynclocks() -> None:
     assert repr(asynclock.Lock) == "<class 'asynclock.Lock'>"
     lost = asynclock.LockLost("n", "why", asynclock.LossReason.CONNECTION_LOST)
     assert lost.loss is asynclock.LossReason.CONNECTION_LOST
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "zk://me:secret@h1:2181,h2:x/app",
+        "zk://me:secret@h1:2181,:2181",
+        "etcd://me:secret@127.0.0.1:0",
+        "etcd://me:secret@[::1]x",
+        "redis+cluster://:secret@127.0.0.1:7000,127.0.0.1",
+        "redis+sentinel://:secret@127.0.0.1:70000/mymaster",
+    ],
+)
+def test_a_bad_host_list_is_refused_before_any_io_without_its_password(url: str) -> None:
+    with pytest.raises(ValueError, match="as host:port, got") as refused:
+        asynclock.connect(url)
+    assert "secret" not in str(refused.value)
+
+
+def test_a_host_list_reads_ipv6_and_default_ports() -> None:
+    from asynclock._options import host_list
+
+    assert host_list("[::1]:5,h3", "zk://x", "servers", default_port=2181) == [("::1", 5), ("h3", 2181)]
+    assert host_list("a:1,b:2", "redis+cluster://x", "nodes") == [("a", 1), ("b", 2)]
+    with pytest.raises(ValueError, match="nodes as host:port, got 'b'"):
+        host_list("a:1,b", "redis+cluster://x", "nodes")  # no default port: every host names its own

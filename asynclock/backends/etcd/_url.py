@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..._options import mask_text, reject_unknown
+from ..._options import host_list, mask_text, reject_unknown
 from ._channel import TlsOptions
 
 __all__ = ["OPTIONS", "Target", "parse_url", "target"]
@@ -32,25 +32,7 @@ def parse_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, str], boo
         options.setdefault("user", unquote(user))
         if colon:
             options.setdefault("password", unquote(password))
-    endpoints = []
-    for item in netloc.split(","):
-        item = item.strip()
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            port = rest[1:] if rest.startswith(":") else str(DEFAULT_PORT)
-        else:
-            host, sep, port = item.rpartition(":")
-            if not sep:
-                host, port = port, str(DEFAULT_PORT)
-        if not host:
-            raise ValueError(f"empty host in etcd URL {mask_text(url, [parts.password])}")
-        try:
-            number = int(port)
-        except ValueError:
-            raise ValueError(f"bad port {port!r} in etcd URL") from None
-        if not 0 < number < 65536:
-            raise ValueError(f"bad port {port!r} in etcd URL")
-        endpoints.append((host, number))
+    endpoints = host_list(netloc, url, "an etcd URL names its members", default_port=DEFAULT_PORT)
     path = unquote(parts.path).rstrip("/")
     if any(segment in ("", ".", "..") for segment in path.split("/")[1:]):
         raise ValueError(f"bad key path {path!r} in etcd URL")

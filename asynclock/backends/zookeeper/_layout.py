@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..._options import mask_url
+from ..._options import host_list, mask_url
 from ...abc import LockRef
 
 __all__ = [
@@ -154,18 +154,9 @@ def parse_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, str]]:
     if parts.scheme != "zk":
         raise ValueError(f"not a zk:// URL: {mask_url(url)!r}")
     url = mask_url(url)  # (for the messages below)
-    hosts = []
-    for item in parts.netloc.rpartition("@")[2].split(","):
-        host, sep, port = item.strip().rpartition(":")
-        if not sep:
-            host, port = port, str(DEFAULT_PORT)
-        host = host.strip("[]")
-        if not host:
-            raise ValueError(f"empty host in {url!r}")
-        try:
-            hosts.append((host, int(port)))
-        except ValueError:
-            raise ValueError(f"bad port {port!r} in {url!r}") from None
+    hosts = host_list(
+        parts.netloc.rpartition("@")[2], url, "a ZooKeeper URL names its servers", default_port=DEFAULT_PORT
+    )
     chroot = unquote(parts.path).rstrip("/")
     for segment in chroot.split("/")[1:]:
         if not segment or segment in (".", "..") or any(_unsafe(c) and c != "%" for c in segment):
