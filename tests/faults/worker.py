@@ -57,7 +57,6 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import asynclock
-from asynclock.abc import LockRef
 from tests.faults.store import FencedStore
 
 
@@ -391,6 +390,11 @@ async def _listening(locks: asynclock.Locks, name: str) -> str:
     return f"; subscribers of {channel}: {numsub}; this client's listener reconnected {listener.reconnects} times{seen}"
 
 
+def _plain_lock_queues(locks: asynclock.Locks) -> bool:
+    """Whether the server queues the plain lock's waiters (then it is fair, and a stuck waiter is a violation)."""
+    return not locks._notifies  # a backend that answers Busy races its waiters
+
+
 def main(argv: list[str]) -> None:
     config = WorkerConfig.from_json(argv[0])
     asyncio.run(Worker(config).run())
@@ -398,11 +402,3 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-
-
-def _plain_lock_queues(locks: asynclock.Locks) -> bool:
-    """Whether the server queues the plain lock's waiters (then it is fair, and a stuck waiter is a violation)."""
-    adapter = getattr(locks._backend, "_adapter", None)
-    if adapter is not None:  # a backend served through the adapter-per-primitive protocol
-        return bool(adapter(LockRef("lock", "")).queues_waiters)
-    return not locks._notifies  # a backend that answers Busy races its waiters
