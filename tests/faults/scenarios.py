@@ -24,8 +24,9 @@ from tests.faults.runner import RedisTarget, RedlockTarget, Run, SentinelTarget,
 from tests.servers.base import SCALE
 from tests.servers.redis import RedisServer
 
-#: Seconds a failover scenario waits for the old primary to sync as a replica before the next failover.
-SYNC_WAIT = 20
+#: Seconds a failover scenario waits for the old primary to sync as a replica (for its next failover, and the next
+#: scenario's on the same setup).
+SYNC_WAIT = 60
 
 
 @dataclass
@@ -673,13 +674,19 @@ async def failover(target: Target, store_url: str, workdir: Path, settings: Sett
             try:
                 await loop.run_in_executor(None, setup.wait_replica_synced, old, SYNC_WAIT)
             except RuntimeError:
-                # (seen on a loaded machine: the sentinels had moved on, and a longer
-                # wait did not bring the old primary back as a replica either)
+                # (seen on a loaded machine: the sentinels had moved on; a shorter wait
+                # leaves the next scenario on this setup no synced replica to promote)
                 run.notes.append(f"the old primary did not sync as a replica within {SYNC_WAIT} s: no more failovers")
                 break
         await _until_done(run)
 
-    return await _run("failover", target, store_url, workdir, settings, body, **_long(ttl))
+    options = _long(ttl)
+    if "replicas=" in target.url:
+        # Every hold must be confirmed by a replica: from the failover until the old
+        # primary has synced as the new one's replica, nothing can be granted, and a
+        # queued waiter (timeout=None) rightly waits that long.
+        options["acquire_bound"] = 20 * ttl + SYNC_WAIT
+    return await _run("failover", target, store_url, workdir, settings, body, **options)
 
 
 async def _wait_for(probe: Callable[[], Awaitable[int]], want: int, timeout: float) -> None:
