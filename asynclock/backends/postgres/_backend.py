@@ -383,13 +383,13 @@ class PostgresBackend:
     async def _ping(self, session: Session) -> bool | BaseException:
         """Prove ``session`` alive with a round trip sent in its turn."""
         try:
-            await session.claim()
+            await session.enter()
             try:
                 if session.gone or is_closed(session.conn):
                     return False
                 await session.conn.fetchval(_sql.PING)
             finally:
-                session.free()
+                session.leave()
         except CLIENT_ERRORS as exc:
             if session.gone or is_closed(session.conn):
                 return False

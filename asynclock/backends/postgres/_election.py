@@ -51,7 +51,6 @@ by the server's clock.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import weakref
@@ -62,6 +61,7 @@ import asyncpg
 from ..._errors import LockError
 from ..._values import Leader
 from ...abc import LockRef
+from .._reread import RereadWatch
 from . import _sql
 from ._errors import CLIENT_ERRORS, MapErrors
 from ._keys import Key, election_channel, election_key, term_key
@@ -276,52 +276,23 @@ class Elections:
                 watch.wake()
 
 
-class PostgresLeaderWatch:
+class PostgresLeaderWatch(RereadWatch):
     """The leader of one election after each change (``Elects.observe``): a read after each
     notification on the election's channel, each new listening session, and (nobody in line)
     one of the leader's ttl after a read."""
 
     def __init__(self, elections: Elections, ref: LockRef) -> None:
+        super().__init__()
         self._elections = elections
         self._ref = ref
         self.channel = election_channel(elections.key(ref.name))
-        self._joined = False
-        self._stale = True
-        self._event: asyncio.Event | None = None
-        self._again_at: float | None = None
 
-    def wake(self) -> None:
-        """Something changed (or notifications may have been missed): read again."""
-        self._stale = True
-        if self._event is not None:
-            self._event.set()
+    async def _join(self) -> None:
+        self._elections.join(self)
 
-    async def next(self) -> Leader | None:
-        if self._event is None:
-            self._event = asyncio.Event()
-        if not self._joined:
-            self._joined = True
-            self._elections.join(self)
-        loop = asyncio.get_running_loop()
-        event = self._event
-        while not self._stale:
-            event.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(self._again_at):
-                    await event.wait()
-            if not event.is_set():
-                self._stale = True  # a session that ends sends nothing: look
-        self._stale = False
-        try:
-            leader, again = await self._elections.read(self._ref, listen=True)
-        except BaseException:
-            self._stale = True
-            raise
-        self._again_at = None if again is None else loop.time() + again
-        return leader
+    def _leave(self) -> None:
+        self._elections.leave(self)
 
-    def close(self) -> None:
-        if self._joined:
-            self._joined = False
-            self._elections.leave(self)
-        self._stale = True
+    async def _read(self) -> tuple[Leader | None, float | None]:
+        # (a session that ends sends nothing: the read says when to look anyway)
+        return await self._elections.read(self._ref, listen=True)

@@ -119,7 +119,7 @@ class Grants:
             if _waited_for_row(exc):
                 await self.settle(state)
                 return None
-            requests.settle_soon(state, lambda: self._settle_turn(state))
+            requests.settle_soon(state, self.settle)
             raise
         if value > 0:
             if not fast:
@@ -190,7 +190,7 @@ class Grants:
                     if _waited_for_row(exc):
                         await self.settle(state)
                         return None
-                    requests.settle_soon(state, lambda: self._settle_turn(state))
+                    requests.settle_soon(state, self.settle)
                 raise
             record.head = row["head"]
             if not row["present"]:
@@ -215,7 +215,7 @@ class Grants:
         except BaseException:
             if not state.holders:
                 state.unknown.append(session)  # the lock is held, with no token to hand out
-                self._requests.settle_soon(state, lambda: self._settle_turn(state))
+                self._requests.settle_soon(state, self.settle)
             raise
         self._hold_on(record, session, token)
         return Acquired(token, confirmed_at=sent)
@@ -231,12 +231,12 @@ class Grants:
         record.token = token
 
     async def _raise_idle(self, session: Session, ttl: float) -> None:
-        await session.claim()
+        await session.enter()
         try:
             if session.idle < ttl:
                 await self._sessions.raise_idle(session, ttl)
         finally:
-            session.free()
+            session.leave()
 
     def _register(self, row: bytes) -> None:
         registered = self._registered
@@ -272,24 +272,8 @@ class Grants:
             if state.holders:
                 return True  # the other read holds of this client keep the shared lock
             state.session = None
-            k1, k2 = state.key
-            q1, q2 = state.marker
-            try:
-                if record.term is not None:
-                    await self._elections.retire(record, session)
-                flags = await requests.run(
-                    session, record.ttl, _fetchval, requests.sql.release, k1, k2, record.shared, q1, q2
-                )
-                if flags & 2:
-                    await requests.run(session, record.ttl, _fetchval, requests.sql.wake, k1, k2, -1, None, None)
-            except BaseException:
-                state.unknown.append(session)
-                requests.settle_soon(state, lambda: self._settle_turn(state))
-                raise
-            finally:
-                if not session.holds:
-                    self._sessions.used(session)
-            return bool(flags & 1)
+            retire = self._elections.retire(record, session) if record.term is not None else None
+            return await requests.unlock(state, session, record.ttl, state.key, record.shared, self.settle, retire)
         finally:
             state.leave()
 
@@ -308,14 +292,6 @@ class Grants:
         await self._requests.settle(state, keys, claimed)
         if state.terms:
             state.terms = {record.term for record in state.holders.values() if record.term is not None}
-
-    async def _settle_turn(self, state: KeyState) -> None:
-        await state.enter()
-        try:
-            if state.unknown:
-                await self.settle(state)
-        finally:
-            state.leave()
 
     def forget(self, record: Hold) -> None:
         """``record``'s session ended: it holds nothing any more."""

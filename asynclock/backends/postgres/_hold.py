@@ -12,13 +12,12 @@ the key, or the release of the cut-short hold, settles it first.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...abc import LockRef
 from ._keys import Key, marker_key
+from ._turns import Turns
 
 if TYPE_CHECKING:
     from ._sessions import Session
@@ -26,12 +25,13 @@ if TYPE_CHECKING:
 __all__ = ["Hold", "KeyState"]
 
 
-class KeyState:
-    """One advisory key (a lock, a read-write lock, or a semaphore's gate) as this client holds and waits for it."""
+class KeyState(Turns):
+    """One advisory key (a lock, a read-write lock, or a semaphore's gate) as this client holds and waits for it.
+
+    Its :class:`~._turns.Turns` are this client's requests about the key, one at a time.
+    """
 
     __slots__ = (
-        "_next",
-        "busy",
         "holders",
         "key",
         "marker",
@@ -48,8 +48,7 @@ class KeyState:
         #: a semaphore's slot keys (its key is the gate its waiters queue on)
         self.slots = slots
         self.marker = marker_key(key)
-        self.busy = False
-        self._next: collections.deque[asyncio.Future[None]] = collections.deque()
+        super().__init__()
         #: the session holding the key for this client (locks, read-write locks), and in which mode
         self.session: Session | None = None
         self.shared = False
@@ -69,31 +68,6 @@ class KeyState:
     def idle(self) -> bool:
         """Nothing here any more: the state can be forgotten."""
         return not (self.busy or self.holders or self.waiting or self.unknown)
-
-    async def enter(self) -> None:
-        """This client's next request about the key: wait for the one before to finish."""
-        if not self.busy:
-            self.busy = True
-            return
-        turn = asyncio.get_running_loop().create_future()
-        self._next.append(turn)
-        try:
-            await turn
-        except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
-                self.leave()
-            else:
-                with contextlib.suppress(ValueError):
-                    self._next.remove(turn)
-            raise
-
-    def leave(self) -> None:
-        while self._next:
-            turn = self._next.popleft()
-            if not turn.done():
-                turn.set_result(None)
-                return
-        self.busy = False
 
     def conflicts(self, shared: bool) -> bool:
         """Whether a hold of this client holds the key in a mode that keeps a ``shared`` (or exclusive) hold out."""

@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
+
+import asyncpg
 
 from ..._timing import request_window
 from . import _sql
@@ -25,6 +27,8 @@ from ._hold import KeyState
 from ._keys import Key
 from ._sessions import Session, Sessions
 from ._tokens import FLOOR, fresh_token
+
+_fetchval = asyncpg.Connection.fetchval
 
 __all__ = ["Requests"]
 
@@ -47,7 +51,7 @@ class Requests:
         ``method`` is an unbound asyncpg ``Connection`` method (``fetchval``...).
         """
         if session.busy:
-            await session.claim()
+            await session.enter()
         else:
             session.busy = True  # (its turn at once: no await on the common path)
         sessions = self.sessions
@@ -74,18 +78,18 @@ class Requests:
                 raise
             raise translated from exc
         finally:
-            session.free()
+            session.leave()
 
     async def checked_token(self, session: Session, ttl: float, token: int) -> int:
         """``token`` if it is one to hand out, else (a crash reset the sequence) a fresh one."""
         if self.sequence is None or token >= FLOOR:
             return token
-        await session.claim()
+        await session.enter()
         try:
             async with self.errors, asyncio.timeout(max(request_window(ttl), 1.0)):
                 return await fresh_token(session.conn, self.table, self.sequence)
         finally:
-            session.free()
+            session.leave()
 
     async def settle(self, state: KeyState, keys: Collection[Key], claimed: Callable[[Session, Key], bool]) -> None:
         """Let go of what a request cut short left: ``keys`` this client's sessions in ``state.unknown``
@@ -94,7 +98,7 @@ class Requests:
         while state.unknown:
             session = state.unknown[0]
             if not session.gone:
-                await session.claim()
+                await session.enter()
                 try:
                     async with self.errors, asyncio.timeout(max(request_window(session.idle or 1.0), 1.0)):
                         mine = await session.conn.fetch(_sql.MINE)
@@ -104,25 +108,57 @@ class Requests:
                                 await session.conn.fetchval(_sql.UNLOCK, *key, row["shared"])
                         await session.conn.fetchval(self.sql.wake, *state.key, -1, None, None)
                 finally:
-                    session.free()
+                    session.leave()
             state.unknown.pop(0)
 
-    def settle_soon(self, state: KeyState, settle: Callable[[], Any]) -> None:
-        """Run ``settle`` (a coroutine function that takes the key's turn) in the background, bounded."""
+    def settle_soon(self, state: KeyState, settle: Callable[[KeyState], Awaitable[None]]) -> None:
+        """Run ``settle(state)`` in the key's next turn, in the background, bounded."""
 
         async def run() -> None:
             try:
                 async with asyncio.timeout(10.0):
-                    await settle()
-            except CLIENT_ERRORS as exc:
-                logger.info("could not settle a PostgreSQL request cut short (%r); its session is closed", exc)
-                for session in state.unknown:
-                    with contextlib.suppress(Exception):
-                        session.conn.terminate()
-            except Exception as exc:  # noqa: BLE001 - an error of ours, translated: close the sessions
+                    await state.enter()
+                    try:
+                        if state.unknown:
+                            await settle(state)
+                    finally:
+                        state.leave()
+            except Exception as exc:  # noqa: BLE001 - the server's, or ours translated: close the sessions
                 logger.info("could not settle a PostgreSQL request cut short (%r); its session is closed", exc)
                 for session in state.unknown:
                     with contextlib.suppress(Exception):
                         session.conn.terminate()
 
         self.sessions.spawn(run())
+
+    async def unlock(
+        self,
+        state: KeyState,
+        session: Session,
+        ttl: float,
+        lock: Key,
+        shared: bool,
+        settle: Callable[[KeyState], Awaitable[None]],
+        first: Awaitable[None] | None = None,
+    ) -> bool:
+        """Let go of ``lock`` (``state``'s key, or one of its slots) on ``session`` after ``first``, and
+        tell the first waiter queued for the key if there is one; True if the lock was held.
+
+        The caller has the key's turn and has taken the hold off ``session``.
+        Cut short, the outcome is unknown: ``settle`` finds out in the background.
+        """
+        q1, q2 = state.marker
+        try:
+            if first is not None:
+                await first
+            flags = await self.run(session, ttl, _fetchval, self.sql.release, *lock, shared, q1, q2)
+            if flags & 2:
+                await self.run(session, ttl, _fetchval, self.sql.wake, *state.key, -1, None, None)
+        except BaseException:
+            state.unknown.append(session)
+            self.settle_soon(state, settle)
+            raise
+        finally:
+            if not session.holds:
+                self.sessions.used(session)
+        return bool(flags & 1)

@@ -186,12 +186,12 @@ class Permits:
         sessions = self._sessions
         session = sessions.idle_session() or await sessions.get(ttl)
         if session.idle < ttl and sessions.pg14:
-            await session.claim()
+            await session.enter()
             try:
                 if session.idle < ttl:
                     await sessions.raise_idle(session, ttl)
             finally:
-                session.free()
+                session.leave()
         return session
 
     async def _try(self, record: Hold) -> Acquired | None:
@@ -208,7 +208,7 @@ class Permits:
         except BaseException as exc:
             state.unknown.append(session)
             if not _waited_for_row(exc):
-                self._requests.settle_soon(state, lambda: self._settle_turn(state))
+                self._requests.settle_soon(state, self.settle)
                 raise
             await self.settle(state)
             return None
@@ -238,7 +238,7 @@ class Permits:
             except BaseException as exc:
                 state.unknown.append(session)
                 if not _waited_for_row(exc):
-                    self._requests.settle_soon(state, lambda: self._settle_turn(state))
+                    self._requests.settle_soon(state, self.settle)
                     raise
                 await self.settle(state)
                 return None
@@ -296,7 +296,7 @@ class Permits:
         assert sql is not None
         name, fence = record.ref.name, fence_row(record.ref)
         requests = self._requests
-        await session.claim()
+        await session.enter()
         try:
             conn = session.conn
             async with requests.errors, asyncio.timeout(record.ttl), conn.transaction():
@@ -314,7 +314,7 @@ class Permits:
                 if granted:
                     await conn.execute(sql.record_permits, fence, permits)
         finally:
-            session.free()
+            session.leave()
 
     async def release(self, record: Hold) -> bool:
         """Give ``record``'s permit up (or take it out of the queue); True only if it held one."""
@@ -335,20 +335,7 @@ class Permits:
             session.holds.discard(record)
             if record.lost:
                 return False
-            q1, q2 = state.marker
-            g1, g2 = state.key
-            try:
-                flags = await requests.run(session, record.ttl, _fetchval, requests.sql.release, *slot, False, q1, q2)
-                if flags & 2:
-                    await requests.run(session, record.ttl, _fetchval, requests.sql.wake, g1, g2, -1, None, None)
-            except BaseException:
-                state.unknown.append(session)
-                requests.settle_soon(state, lambda: self._settle_turn(state))
-                raise
-            finally:
-                if not session.holds:
-                    self._sessions.used(session)
-            return bool(flags & 1)
+            return await requests.unlock(state, session, record.ttl, slot, False, self.settle)
         finally:
             state.leave()
 
@@ -358,11 +345,3 @@ class Permits:
         await self._requests.settle(
             state, state.slots, lambda session, key: any(h.session is session and h.slot == key for h in holders)
         )
-
-    async def _settle_turn(self, state: KeyState) -> None:
-        await state.enter()
-        try:
-            if state.unknown:
-                await self.settle(state)
-        finally:
-            state.leave()

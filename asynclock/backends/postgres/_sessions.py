@@ -26,7 +26,6 @@ a few connections, not a thousand:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import inspect
 import logging
@@ -41,6 +40,7 @@ from ..._timing import request_window
 from . import _sql
 from ._errors import MapErrors
 from ._keys import app_name
+from ._turns import Turns
 
 if TYPE_CHECKING:
     from ._hold import Hold
@@ -79,17 +79,16 @@ def _retrieve_outcome(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-class Session:
-    """One connection that holds locks for many holds of one client, one statement at a time."""
+class Session(Turns):
+    """One connection that holds locks for many holds of one client, one statement at a time (its turns)."""
 
-    __slots__ = ("_next", "busy", "conn", "gone", "holds", "idle", "on_close", "pid", "proxy", "silent", "used_at")
+    __slots__ = ("conn", "gone", "holds", "idle", "on_close", "pid", "proxy", "silent", "used_at")
 
     def __init__(self, proxy: Any, conn: Any) -> None:
         self.proxy = proxy  # what the pool lent (given back to it)
         self.conn = conn  # the connection itself: no proxy in the way of each request
         self.pid: int = conn.get_server_pid()
-        self.busy = False
-        self._next: collections.deque[asyncio.Future[None]] = collections.deque()
+        super().__init__()
         #: idle_session_timeout in seconds (0: none set)
         self.idle = 0.0
         #: the holds whose locks it holds (a read group's members each)
@@ -108,32 +107,6 @@ class Session:
     def waiting(self) -> int:
         """Requests waiting for their turn."""
         return len(self._next)
-
-    async def claim(self) -> None:
-        """Wait for this session's turn (at once if idle); ``free()`` gives it on."""
-        if not self.busy:
-            self.busy = True
-            return
-        turn = asyncio.get_running_loop().create_future()
-        self._next.append(turn)
-        try:
-            await turn
-        except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
-                self.free()  # our turn came with the cancellation: pass it on
-            else:
-                with contextlib.suppress(ValueError):
-                    self._next.remove(turn)
-            raise
-
-    def free(self) -> None:
-        """End a turn: the next request in line runs (the session stays busy for it), else it is idle."""
-        while self._next:
-            turn = self._next.popleft()
-            if not turn.done():
-                turn.set_result(None)
-                return
-        self.busy = False
 
 
 class Sessions:

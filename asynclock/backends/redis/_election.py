@@ -33,14 +33,13 @@ of when a term began: a leader's ``since`` is None.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import weakref
 from typing import Protocol
 from urllib.parse import quote, unquote
 
 from ..._values import Leader
 from ...abc import LockRef
+from .._reread import RereadWatch
 from ._exclusive import ExclusiveLock
 from ._pubsub import OnMessage, OnResync
 
@@ -119,56 +118,27 @@ class Elections:
             watch.wake()
 
 
-class RedisLeaderWatch:
+class RedisLeaderWatch(RereadWatch):
     """The leader of one election after each change (``Elects.observe``): a read after each
     message of the election's channel, each resubscription, and each expiry of the leader's hold."""
 
     def __init__(self, elections: Elections, ref: LockRef) -> None:
+        super().__init__()
         self._elections = elections
         self._ref = ref
         #: the election's pub/sub channel (the name of its X)
         self.channel = elections.lock.key(ref.name)
-        self._joined = False
-        self._stale = True
-        self._event: asyncio.Event | None = None
-        self._expires_at: float | None = None
 
-    def wake(self) -> None:
-        """Something changed (or messages may have been missed): read again."""
-        self._stale = True
-        if self._event is not None:
-            self._event.set()
+    async def _join(self) -> None:
+        await self._elections.join(self)
 
-    async def next(self) -> Leader | None:
-        if self._event is None:
-            self._event = asyncio.Event()
-        if not self._joined:
-            self._joined = True
-            await self._elections.join(self)
-        loop = asyncio.get_running_loop()
-        event = self._event
-        while not self._stale:
-            event.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(self._expires_at):
-                    await event.wait()
-            if not event.is_set():
-                self._stale = True  # the leader's hold expires now: no message says so
-        self._stale = False
-        try:
-            found = await self._elections.leader(self._ref)
-        except BaseException:
-            self._stale = True
-            raise
+    def _leave(self) -> None:
+        self._elections.leave(self)
+
+    async def _read(self) -> tuple[Leader | None, float | None]:
+        found = await self._elections.leader(self._ref)
         if found is None:
-            self._expires_at = None
-            return None
+            return None, None
         leader, left = found
-        self._expires_at = None if left is None else loop.time() + left + _PAST
-        return leader
-
-    def close(self) -> None:
-        if self._joined:
-            self._joined = False
-            self._elections.leave(self)
-        self._stale = True
+        # the leader's hold expires with no message: look again just past that
+        return leader, None if left is None else left + _PAST
