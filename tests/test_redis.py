@@ -591,6 +591,30 @@ async def test_an_observer_reads_again_after_its_pubsub_connection_is_made_again
         assert channel not in listener._routes, "the last observer gone, its election's messages are dropped"
 
 
+async def test_an_observer_of_a_server_that_goes_silent_ends_unavailable(redis_fresh: RedisServer) -> None:
+    """The leader's hold expires while the server is paused: the observer's read at that moment
+    gets no answer, and the iteration ends with BackendUnavailable within about a ttl, not never."""
+    ttl = 1.0
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=ttl) as a,
+        asynclock.connect(redis_fresh.url, ttl=ttl) as watcher,
+    ):
+        changes = watcher.election("e").observe()
+        assert await anext(changes) is None
+        with pytest.raises(asynclock.LockLost):
+            async with a.election("e", identity="a").leadership() as term:
+                assert await asyncio.wait_for(anext(changes), scaled(5)) == asynclock.Leader("a", term.token, None)
+                looking = asyncio.create_task(anext(changes))  # reads again when the leader's hold would expire
+                redis_fresh.pause()
+                try:
+                    with pytest.raises(asynclock.BackendUnavailable):
+                        await asyncio.wait_for(looking, scaled(8))
+                finally:
+                    redis_fresh.resume()
+                await asyncio.sleep(scaled(5))  # (the body runs on until the silent server costs it the lease)
+        await changes.aclose()  # type: ignore[attr-defined]
+
+
 async def _kill_pubsub(server: RedisServer) -> int:
     admin = aioredis.Redis.from_url(server.url)
     try:
