@@ -9,6 +9,9 @@ loses one: the holder's session is ended with ``pg_terminate_backend``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -16,7 +19,7 @@ import asyncpg
 import asynclock
 from asynclock.backends.postgres import PostgresBackend, advisory_key, election_key, rw_key, slot_key
 from tests.harness import Harness
-from tests.servers.postgres import PostgresServer
+from tests.servers.postgres import PASSWORD_GROUP, PostgresServer
 
 #: Granted advisory locks in the two-int space, with the holder's pid and application_name.
 HELD_SQL = """
@@ -173,3 +176,20 @@ class PostgresHarness(Harness):
         finally:
             await admin.close()
             self._admin = None
+
+
+@contextlib.asynccontextmanager
+async def password_role(pg: PostgresHarness) -> AsyncIterator[tuple[str, str]]:
+    """A role of this harness that logs in with a password: (name, password); dropped at the end."""
+    admin = await pg.admin()
+    await admin.execute(
+        f"DO $$ BEGIN CREATE ROLE {PASSWORD_GROUP} NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+    )
+    name, password = f"{pg.prefix}_user", f"pw-{secrets.token_hex(8)}"
+    await admin.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' IN ROLE {PASSWORD_GROUP}")
+    try:
+        yield name, password
+    finally:
+        admin = await pg.admin()
+        await admin.execute(f"DROP OWNED BY {name}")
+        await admin.execute(f"DROP ROLE {name}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -23,9 +22,9 @@ import pytest
 import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.backends.postgres import gate_key, permits_key
-from tests.harness_postgres import HELD_SQL, PostgresHarness, unsigned
+from tests.harness_postgres import HELD_SQL, PostgresHarness, password_role, unsigned
 from tests.servers import free_port, scaled
-from tests.servers.postgres import PASSWORD_GROUP, PostgresServer
+from tests.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
 
@@ -44,18 +43,8 @@ async def pg(postgres_server: PostgresServer) -> AsyncIterator[PostgresHarness]:
 @pytest.fixture
 async def role(pg: PostgresHarness) -> AsyncIterator[tuple[str, str]]:
     """A role of this test that logs in with a password: (name, password)."""
-    admin = await pg.admin()
-    await admin.execute(
-        f"DO $$ BEGIN CREATE ROLE {PASSWORD_GROUP} NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-    )
-    name, password = f"{pg.prefix}_user", f"pw-{secrets.token_hex(8)}"
-    await admin.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' IN ROLE {PASSWORD_GROUP}")
-    try:
-        yield name, password
-    finally:
-        admin = await pg.admin()
-        await admin.execute(f"DROP OWNED BY {name}")
-        await admin.execute(f"DROP ROLE {name}")
+    async with password_role(pg) as created:
+        yield created
 
 
 def url_as(pg: PostgresHarness, user: str, password: str | None = None, database: str = "postgres") -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -22,9 +21,9 @@ import pytest
 import asynclock
 from asynclock import ConfigurationError, LockLost
 from asynclock.backends.postgres import FLOOR, election_key
-from tests.harness_postgres import PostgresHarness, tokens_from
+from tests.harness_postgres import PostgresHarness, password_role, tokens_from
 from tests.servers import scaled
-from tests.servers.postgres import PASSWORD_GROUP, PostgresServer
+from tests.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
 
@@ -199,18 +198,8 @@ async def test_terms_take_the_locks_tokens_from_either_source(pg: PostgresHarnes
 @pytest.fixture
 async def role(pg: PostgresHarness) -> AsyncIterator[tuple[str, str]]:
     """A role of this test that logs in with a password: (name, password)."""
-    admin = await pg.admin()
-    await admin.execute(
-        f"DO $$ BEGIN CREATE ROLE {PASSWORD_GROUP} NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-    )
-    name, password = f"{pg.prefix}_user", f"pw-{secrets.token_hex(8)}"
-    await admin.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' IN ROLE {PASSWORD_GROUP}")
-    try:
-        yield name, password
-    finally:
-        admin = await pg.admin()
-        await admin.execute(f"DROP OWNED BY {name}")
-        await admin.execute(f"DROP ROLE {name}")
+    async with password_role(pg) as created:
+        yield created
 
 
 async def test_a_role_that_may_not_create_or_write_the_leaders_table_gets_a_configuration_error(
