@@ -55,3 +55,23 @@ async def children() -> AsyncIterator[list[ChildProcess]]:
             child.kill()
             with contextlib.suppress(Exception):
                 await child.wait()
+
+
+#: A candidate of the election "e" in a process of its own: argv url, prefix, ttl, identity; prints
+#: "started", then "leading <token>" when it leads (and holds on), or "lost" when its term is lost.
+CANDIDATE = """
+import asyncio, sys
+import asynclock
+
+async def main(url, prefix, ttl, identity):
+    async with asynclock.connect(url, ttl=float(ttl), prefix=prefix) as locks:
+        print("started", flush=True)
+        try:
+            async with locks.election("e", identity=identity).leadership() as term:
+                print("leading", term.token, flush=True)
+                await asyncio.sleep(3600)
+        except asynclock.LockLost:
+            print("lost", flush=True)
+
+asyncio.run(main(*sys.argv[1:]))
+"""

@@ -28,7 +28,7 @@ import asynclock.testing
 from asynclock import LockLost, LockTimeout, NotHeld
 from asynclock._inspect import collect
 from asynclock.backends import memory
-from tests.child import ChildProcess, children
+from tests.child import CANDIDATE, ChildProcess, children
 from tests.conftest import make_harness
 from tests.harness import Harness, MemoryHarness
 from tests.servers import scaled
@@ -373,23 +373,6 @@ async def test_inspect_shows_the_leaders_identity(elect_harness: Harness) -> Non
     assert (info.owner, info.token, info.holders) == ("replica-7 ✓", term.token, ("replica-7 ✓",))
     assert info.key == election.key
 
-
-CANDIDATE = """
-import asyncio, sys
-import asynclock
-
-async def main(url, prefix, ttl, identity):
-    async with asynclock.connect(url, ttl=float(ttl), prefix=prefix) as locks:
-        print("started", flush=True)
-        try:
-            async with locks.election("e", identity=identity).leadership() as term:
-                print("leading", term.token, flush=True)
-                await asyncio.sleep(3600)
-        except asynclock.LockLost:
-            print("lost", flush=True)
-
-asyncio.run(main(*sys.argv[1:]))
-"""
 
 #: the server backends these process tests run on (ZooKeeper's are in their own file)
 SERVERS = [name for name in ELECTING if name != "memory"]

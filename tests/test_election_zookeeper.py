@@ -24,7 +24,7 @@ import pytest
 import asynclock
 from asynclock import LockLost, LockTimeout
 from asynclock.backends.zookeeper._order import contenders_of
-from tests.child import ChildProcess, children
+from tests.child import CANDIDATE, ChildProcess, children
 from tests.harness_zookeeper import ZooKeeperHarness
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
@@ -157,24 +157,6 @@ async def test_cancelled_and_abandoned_candidates_leave_no_node(zk: ZooKeeperHar
     async with asyncio.timeout(PROMPT):  # abandoned: deleted at once, not at the session's end
         while await contenders(zk, election):
             await asyncio.sleep(0.01)
-
-
-CANDIDATE = """
-import asyncio, sys
-import asynclock
-
-async def main(url, prefix, ttl, identity):
-    async with asynclock.connect(url, ttl=float(ttl), prefix=prefix) as locks:
-        print("started", flush=True)
-        try:
-            async with locks.election("e", identity=identity).leadership() as term:
-                print("leading", term.token, flush=True)
-                await asyncio.sleep(3600)
-        except asynclock.LockLost:
-            print("lost", flush=True)
-
-asyncio.run(main(*sys.argv[1:]))
-"""
 
 
 async def test_a_killed_leaders_process_loses_after_its_session_and_observers_see_it(zk: ZooKeeperHarness) -> None:
