@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextlib
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from aiozk import protocol
 from aiozk.protocol.acl import ACL, ID
@@ -13,6 +17,7 @@ from asynclock.backends.zookeeper._order import contenders_of, rw_holders, seque
 from asynclock.backends.zookeeper._session import ZkSession
 from asynclock.backends.zookeeper._wire import NO_NODE, ZkError
 from tests.harness import Harness
+from tests.servers import scaled
 from tests.servers.zookeeper import ZooKeeperServer
 
 
@@ -161,3 +166,47 @@ class ZooKeeperHarness(Harness):
         if self._admin is not None:
             await self._admin.delete_tree(self.base)
             await self._admin.close()
+
+
+class CuratorProgram:
+    """A Curator program of the interop tests (``tests/servers/curator``), talked to line by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def expect_line(self, wanted: Callable[[str], bool], what: str, timeout: float | None = None) -> str:
+        """The first line the program prints that is ``wanted``."""
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout or scaled(30)):
+            while True:
+                line = (await self.proc.stdout.readline()).decode().strip()
+                if not line and self.proc.stdout.at_eof():
+                    raise AssertionError(f"Curator exited before {what}")
+                if wanted(line):
+                    return line
+
+    async def send(self, word: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{word}\n".encode())
+        await self.proc.stdin.drain()
+
+
+Program = TypeVar("Program", bound=CuratorProgram)
+
+
+@contextlib.asynccontextmanager
+async def curator_program(
+    kind: type[Program], command: list[str], zk: ZooKeeperHarness, *args: str
+) -> AsyncIterator[Program]:
+    """``command`` run against ``zk`` with ``args``, once it says it is connected; killed at the end."""
+    proc = await asyncio.create_subprocess_exec(
+        *command, zk.hosts, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        program = kind(proc)
+        await program.expect_line(lambda line: line.startswith("connected"), "'connected'")
+        yield program
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

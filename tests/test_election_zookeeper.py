@@ -10,13 +10,13 @@ with a larger token.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import glob
 import os
 import re
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,7 @@ import asynclock
 from asynclock import LockLost, LockTimeout
 from asynclock.backends.zookeeper._order import contenders_of
 from tests.child import CANDIDATE, ChildProcess, children
-from tests.harness_zookeeper import ZooKeeperHarness
+from tests.harness_zookeeper import CuratorProgram, ZooKeeperHarness, curator_program
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.zookeeper import ZooKeeperServer
@@ -257,27 +257,12 @@ def curator_latch(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [java, "-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp", os.pathsep.join([str(out), classpath]), "CuratorLatch"]
 
 
-class Latch:
+class Latch(CuratorProgram):
     """One Curator LeaderLatch process."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
 
     async def expect(self, prefix: str, timeout: float | None = None) -> str:
         """The first line that starts with ``prefix``."""
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout or scaled(30)):
-            while True:
-                line = (await self.proc.stdout.readline()).decode().strip()
-                if not line and self.proc.stdout.at_eof():
-                    raise AssertionError(f"Curator exited before {prefix!r}")
-                if line.startswith(prefix):
-                    return line
-
-    async def send(self, word: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{word}\n".encode())
-        await self.proc.stdin.drain()
+        return await self.expect_line(lambda line: line.startswith(prefix), repr(prefix), timeout)
 
     async def who(self) -> str:
         await self.send("who")
@@ -289,19 +274,8 @@ class Latch:
         await asyncio.wait_for(self.proc.wait(), scaled(10))
 
 
-@contextlib.asynccontextmanager
-async def latch(command: list[str], zk: ZooKeeperHarness, path: str, identity: str) -> AsyncIterator[Latch]:
-    proc = await asyncio.create_subprocess_exec(
-        *command, zk.hosts, path, identity, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    try:
-        program = Latch(proc)
-        await program.expect("connected")
-        yield program
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+def latch(command: list[str], zk: ZooKeeperHarness, path: str, identity: str) -> AbstractAsyncContextManager[Latch]:
+    return curator_program(Latch, command, zk, path, identity)
 
 
 async def test_a_curator_leader_latch_and_our_candidates_elect_one_leader(

@@ -12,7 +12,6 @@ The generic semantics (FIFO, readers and writers, permits) are in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import glob
 import os
 import re
@@ -20,6 +19,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from asynclock import LockTimeout
 from asynclock.abc import LockRef
 from asynclock.backends.zookeeper import ZooKeeperBackend
 from asynclock.backends.zookeeper._order import contenders_of
-from tests.harness_zookeeper import ZooKeeperHarness
+from tests.harness_zookeeper import CuratorProgram, ZooKeeperHarness, curator_program
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.zookeeper import ZooKeeperServer, four_letter
@@ -422,44 +422,21 @@ def curator_primitive(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     ]
 
 
-class Curator:
+class Curator(CuratorProgram):
     """One Curator process holding (or trying to hold) one primitive."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
 
     async def expect(self, *words: str, timeout: float | None = None) -> str:
         """The first of ``words`` the program prints."""
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout or scaled(30)):
-            while True:
-                line = (await self.proc.stdout.readline()).decode().strip()
-                if not line and self.proc.stdout.at_eof():
-                    raise AssertionError(f"Curator exited before {words!r}")
-                if line in words:
-                    return line
+        return await self.expect_line(lambda line: line in words, repr(words), timeout)
 
     async def release(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(b"go\n")
-        await self.proc.stdin.drain()
+        await self.send("go")
         await self.expect("released")
         await asyncio.wait_for(self.proc.wait(), scaled(10))
 
 
-@contextlib.asynccontextmanager
-async def curator(command: list[str], zk: ZooKeeperHarness, *args: str) -> AsyncIterator[Curator]:
-    proc = await asyncio.create_subprocess_exec(
-        *command, zk.hosts, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    try:
-        program = Curator(proc)
-        await program.expect("connected")
-        yield program
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+def curator(command: list[str], zk: ZooKeeperHarness, *args: str) -> AbstractAsyncContextManager[Curator]:
+    return curator_program(Curator, command, zk, *args)
 
 
 async def test_a_curator_writer_excludes_our_readers_and_writers(
