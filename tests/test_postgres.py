@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import pytest
@@ -1021,3 +1022,26 @@ async def test_a_lock_timeout_after_the_grant_gives_the_advisory_lock_back(pg: P
     async with asyncio.timeout(scaled(5)):
         async with other.lock("row") as lease:
             assert lease.token == 2
+
+
+async def test_a_session_ended_between_a_statements_prepare_and_its_run_is_unavailable(pg: PostgresHarness) -> None:
+    """asyncpg fails such a request with AttributeError (no protocol any more): it is BackendUnavailable at
+    the edge, as when a client closing ends its sessions under a request that waited for its turn."""
+    locks = pg.connect(ttl=TTL)
+    async with locks.lock("warm"):
+        pass
+    backend = postgres_backend(locks)
+    session = await backend._sessions.get(TTL)
+    conn = session.conn
+
+    class EndsAfterPrepare(type(conn)):  # type: ignore[misc]
+        __slots__ = ()
+
+        async def _get_statement(self, *args: Any, **kwargs: Any) -> Any:
+            statement = await super()._get_statement(*args, **kwargs)
+            self.terminate()  # (the statement is prepared: its run finds no connection)
+            return statement
+
+    conn.__class__ = EndsAfterPrepare
+    with pytest.raises(BackendUnavailable, match="the session was closed during a request"):
+        await backend._requests.run(session, TTL, asyncpg.Connection.fetchval, "SELECT 41 + $1::int", 1)

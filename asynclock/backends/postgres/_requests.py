@@ -77,6 +77,12 @@ class Requests:
             if translated is exc:
                 raise
             raise translated from exc
+        except AttributeError as exc:
+            # asyncpg, when the connection is ended (the client closing, a dead
+            # server) after a statement was prepared and before it ran
+            if not session.conn.is_closed():
+                raise
+            raise self.errors.unavailable("the session was closed during a request") from exc
         finally:
             session.leave()
 
