@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
@@ -18,6 +19,7 @@ from asynclock.abc import LockRef
 from asynclock.backends.redis import RedisBackend
 from asynclock.backends.redis._connection import ms
 from asynclock.backends.redis._hash import HashLock
+from asynclock.backends.redis._listen import Subscribed
 from tests.harness import eventually, redis_backend
 from tests.servers import RedisServer, scaled
 from tests.servers.proxy import TcpProxy
@@ -503,6 +505,40 @@ async def test_a_silently_dead_pubsub_connection_is_replaced_and_hand_overs_arri
             await asyncio.wait_for(got.wait(), scaled(5))
             assert loop.time() - released < ttl / 4  # well before a poll a third of a ttl later
             await asyncio.wait_for(waiting, scaled(5))
+
+
+async def test_the_subscribed_reader_hands_over_each_reply_as_its_last_byte_arrives() -> None:
+    """Replies cut anywhere (as TCP may deliver them) reach the listener whole and in
+    order, each within the call that delivered its last byte (no task or loop turn in
+    between); an error reply, or bytes that are not RESP, end the connection."""
+    stream = (
+        b"*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n"
+        b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$10\r\nhold 12345\r\n"
+        b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"
+        b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$-1\r\n"
+    )
+    expected = [[b"subscribe", b"ch", 1], [b"message", b"ch", b"hold 12345"], [b"pong", b""], [b"message", b"ch", None]]
+    ends = [stream.index(b"*", 1), stream.index(b"*2"), stream.rindex(b"*3"), len(stream)]
+    for cut in (1, 2, 3, 7, len(stream)):
+        got: list[Any] = []
+        reader = Subscribed(got.append)
+        for start in range(0, len(stream), cut):
+            reader.data_received(stream[start : start + cut])
+            whole = sum(end <= start + cut for end in ends)
+            assert got == expected[:whole], (cut, start)
+        assert reader.replies == len(expected)
+    for garbage, error in (
+        (b"-NOPERM this user has no permissions to access the 'ch' channel\r\n", redis_errors.NoPermissionError),
+        (b"?what\r\n", redis_errors.InvalidResponse),
+        (b"*1\r\n$x\r\n", redis_errors.InvalidResponse),
+    ):
+        got = []
+        reader = Subscribed(got.append)
+        reader.data_received(garbage)
+        reader.data_received(stream)  # nothing is read after the end
+        with pytest.raises(error):
+            await asyncio.wait_for(reader.watch(lambda: 10.0), 1)
+        assert got == []
 
 
 # -- elections: the exclusive lock's line, with its changes on a channel of its own ---------------

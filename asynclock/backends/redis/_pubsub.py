@@ -5,17 +5,19 @@ for each message, one for "messages may have been missed" (the channel was
 subscribed again after a reconnect, or the connection was refused for good).
 The connection is our own, not one of redis-py's pool: it has no read
 timeout (it waits for messages), and redis-py retries nothing behind our back.
+redis-py makes it; from then on it is read by ``_listen.Subscribed``, which
+hands each message over as it arrives.
 
 A connection that dies without a FIN (a dropped NAT entry, a paused proxy)
-looks idle for ever; :func:`next_message` pings one that has been idle for
-ttl/6 of the shortest lock ttl it serves, so a dead one is replaced within
-ttl/3.
+looks idle for ever; it is pinged once idle for ttl/6 of the shortest lock
+ttl it serves, so a dead one is replaced within ttl/3.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, cast
@@ -28,8 +30,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..._errors import ConfigurationError
 from ..._timing import RETRY_FIRST
 from ._connection import Connection
+from ._listen import Subscribed
 
-__all__ = ["DEFAULT_TTL", "SUBSCRIBE_TIMEOUT", "PubSub", "health_interval", "listening_connection", "next_message"]
+__all__ = ["DEFAULT_TTL", "SUBSCRIBE_TIMEOUT", "PubSub", "health_interval", "listening_connection"]
 
 logger = logging.getLogger("asynclock")
 
@@ -43,24 +46,6 @@ RECONNECT_MAX = 2.0
 #: What a listener does with one message's payload, and when messages may have been missed.
 OnMessage = Callable[[bytes], None]
 OnResync = Callable[[], None]
-
-
-async def next_message(conn: Any, interval: float) -> Any:
-    """The next message on a subscribed connection, or ConnectionError if it went silent.
-
-    After ``interval`` seconds without a message a PING goes out, and no
-    answer within another ``interval`` means the connection is dead (so it is
-    noticed at most ``2 * interval`` after it died).
-    """
-    message = await conn.read_response(timeout=interval)
-    if message is not None:
-        return message
-    async with asyncio.timeout(interval):
-        await conn.send_command("PING")
-    message = await conn.read_response(timeout=interval)
-    if message is None:
-        raise redis_errors.ConnectionError(f"no answer to a health check within {interval:.3g} s")
-    return message
 
 
 def health_interval(ttl: float) -> float:
@@ -96,6 +81,7 @@ class PubSub:
         self._routes: dict[bytes, tuple[OnMessage, OnResync]] = {}
         self._pending: dict[bytes, list[asyncio.Future[None]]] = {}
         self._conn: Any = None
+        self._listener: Subscribed | None = None
         self._connected = asyncio.Event()
         self._settled = asyncio.Event()  # the current connection attempt succeeded or failed
         self._task: asyncio.Task[None] | None = None
@@ -139,13 +125,13 @@ class PubSub:
                 async with asyncio.timeout(SUBSCRIBE_TIMEOUT):
                     await self._settled.wait()
             self.raise_failure()
-        conn = self._conn
-        if conn is None or not self._connected.is_set():
+        listener = self._listener
+        if listener is None or not self._connected.is_set():
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(key, []).append(future)
         try:
-            await conn.send_command("SUBSCRIBE", key)
+            listener.send(b"SUBSCRIBE", key)
         except (redis_errors.RedisError, OSError) as exc:
             logger.debug("SUBSCRIBE failed, the listener will reconnect: %s", self._connection.describe(exc))
             return
@@ -161,10 +147,10 @@ class PubSub:
         """Stop delivering ``channel``'s messages (and unsubscribe it)."""
         key = channel.encode()
         self._routes.pop(key, None)
-        conn = self._conn
-        if conn is not None and self._connected.is_set():
+        listener = self._listener
+        if listener is not None and self._connected.is_set():
             with contextlib.suppress(redis_errors.RedisError, OSError):
-                await conn.send_command("UNSUBSCRIBE", key)
+                listener.send(b"UNSUBSCRIBE", key)
 
     def forget(self, channel: str) -> None:
         """Stop delivering ``channel``'s messages, without I/O: the connection stays subscribed
@@ -188,19 +174,17 @@ class PubSub:
                 # The handshake has no read timeout of its own: bounded here.
                 async with asyncio.timeout(self._connection.connect_timeout + health_interval(self._ttl)):
                     await conn.connect()
-                self._conn = conn
-                self._connected.set()
-                self._settled.set()
                 wanted = list(self._routes)
                 # Routes that arrived while disconnected were not confirmed:
                 # each is told to resync once the server confirms it again.
                 resubscribing = set(wanted)
+                listener = Subscribed.attach(conn, functools.partial(self._handle, resubscribing=resubscribing))
+                self._conn, self._listener = conn, listener
+                self._connected.set()
+                self._settled.set()
                 if wanted:
-                    await conn.send_command("SUBSCRIBE", *wanted)
-                while True:
-                    message = await next_message(conn, health_interval(self._ttl))
-                    delay = RETRY_FIRST
-                    self._handle(message, resubscribing)
+                    listener.send(b"SUBSCRIBE", *wanted)
+                await listener.watch(lambda: health_interval(self._ttl))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: reconnect
@@ -214,7 +198,9 @@ class PubSub:
             finally:
                 self._connected.clear()
                 self._settled.set()
-                self._conn = None
+                if self._listener is not None and self._listener.replies:
+                    delay = RETRY_FIRST  # the server answered: the next connection starts from the shortest pause
+                self._conn = self._listener = None
                 for futures in self._pending.values():
                     for future in futures:
                         if not future.done():

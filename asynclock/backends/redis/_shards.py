@@ -33,6 +33,7 @@ from ..._errors import BackendUnavailable, ConfigurationError
 from ..._timing import RETRY_FIRST
 from ...abc import BackendHooks
 from ._connection import Connection
+from ._listen import Subscribed
 from ._pubsub import (
     DEFAULT_TTL,
     RECONNECT_MAX,
@@ -41,7 +42,6 @@ from ._pubsub import (
     OnResync,
     health_interval,
     listening_connection,
-    next_message,
 )
 
 __all__ = ["UNAVAILABLE", "ShardListener"]
@@ -228,6 +228,7 @@ class Shard:
         self._pending: dict[bytes, list[asyncio.Future[bool]]] = {}
         self._leaving: set[bytes] = set()  # channels we unsubscribe ourselves
         self._conn: Any = None
+        self._listener: Subscribed | None = None
         self._connected = asyncio.Event()
         self._settled = asyncio.Event()  # the current connection attempt succeeded or failed
         self._task: asyncio.Task[None] | None = None
@@ -252,13 +253,13 @@ class Shard:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(SUBSCRIBE_TIMEOUT):
                     await self._settled.wait()
-        conn = self._conn
-        if conn is None or not self._connected.is_set():
+        listener = self._listener
+        if listener is None or not self._connected.is_set():
             return False  # subscribed (and waiters woken) once connected
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(channel, []).append(future)
         try:
-            await conn.send_command("SSUBSCRIBE", channel)
+            listener.send(b"SSUBSCRIBE", channel)
         except (redis_errors.RedisError, OSError) as exc:
             logger.debug("SSUBSCRIBE failed, the shard will reconnect: %r", exc)
             return False
@@ -272,11 +273,11 @@ class Shard:
 
     async def unsubscribe(self, channel: bytes) -> None:
         self.channels.discard(channel)
-        conn = self._conn
-        if conn is not None and self._connected.is_set():
+        listener = self._listener
+        if listener is not None and self._connected.is_set():
             self._leaving.add(channel)
             with contextlib.suppress(redis_errors.RedisError, OSError):
-                await conn.send_command("SUNSUBSCRIBE", channel)
+                listener.send(b"SUNSUBSCRIBE", channel)
 
     async def _run(self) -> None:
         delay = RETRY_FIRST
@@ -288,17 +289,15 @@ class Shard:
                 # The handshake has no read timeout of its own: bounded here.
                 async with asyncio.timeout(owner.connection.connect_timeout + health_interval(owner.ttl)):
                     await conn.connect()
-                self._conn = conn
+                listener = Subscribed.attach(conn, self._handle)
+                self._conn, self._listener = conn, listener
                 self._connected.set()
                 self._settled.set()
                 # channels (re)subscribed here after a gap: wake everyone once confirmed
                 self._resubscribing = set(self.channels)
                 if self.channels:
-                    await conn.send_command("SSUBSCRIBE", *self.channels)
-                while True:
-                    message = await next_message(conn, health_interval(owner.ttl))
-                    delay = RETRY_FIRST
-                    self._handle(message)
+                    listener.send(b"SSUBSCRIBE", *self.channels)
+                await listener.watch(lambda: health_interval(owner.ttl))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: reconnect (the node may be gone)
@@ -316,7 +315,9 @@ class Shard:
             finally:
                 self._connected.clear()
                 self._settled.set()
-                self._conn = None
+                if self._listener is not None and self._listener.replies:
+                    delay = RETRY_FIRST  # the node answered: the next connection starts from the shortest pause
+                self._conn = self._listener = None
                 self._settle(False)
                 if conn is not None:
                     with contextlib.suppress(Exception):
