@@ -7,6 +7,7 @@ newer etcd that adds fields is still understood.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from ._wire import LEN, VARINT
 
 __all__ = [
     "DELETE",
+    "Created",
     "Event",
     "Header",
     "KeyValue",
@@ -21,6 +23,7 @@ __all__ = [
     "RangeResult",
     "TxnResult",
     "WatchResult",
+    "deleted_count",
     "parse_delete",
     "parse_token",
 ]
@@ -196,6 +199,127 @@ class TxnResult:
         if kind != 1:
             raise ValueError(f"response {index} of the transaction is no range")
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """The answer to a contender's creating transaction, read for what the queue uses of it:
+    whether the put ran (``succeeded``), the revision etcd answered at (the new key's create
+    revision when it did), and, for each response of the branch that ran, the create
+    revision of the first key a range read (0: it found none; None: the response is no
+    range). Nothing else is decoded: this is read on every acquisition."""
+
+    succeeded: bool
+    revision: int
+    firsts: tuple[int | None, ...]
+
+    @classmethod
+    def parse(cls, data: bytes) -> Created:
+        succeeded = False
+        revision = 0
+        firsts: list[int | None] = []
+        # TxnResponse: header 1, succeeded 2, responses 3 (each a ResponseOp: one of
+        # response_range 1, response_put 2, response_delete_range 3, response_txn 4)
+        for number, value, start, stop in _walk(data, 0, len(data), 1 << 2):
+            if number == 3 and stop:
+                first: int | None = None
+                for kind, _, body, body_end in _walk(data, start, stop, 0):
+                    if kind == 1 and body_end:
+                        first = _first_create_revision(data, body, body_end)
+                    elif 2 <= kind <= 4:
+                        first = None
+                firsts.append(first)
+            elif number == 2 and not stop:
+                succeeded = bool(value)
+            elif number == 1 and stop:
+                revision = _header_revision(data, start, stop)
+        return cls(succeeded, revision, tuple(firsts))
+
+    def first(self, index: int) -> int:
+        """The create revision of the first key the range op at ``index`` of the branch
+        that ran read (0: none)."""
+        found = self.firsts[index]
+        if found is None:
+            raise ValueError(f"response {index} of the transaction is no range")
+        return found
+
+
+def _walk(data: bytes, offset: int, end: int, decode: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, value, start, stop) for each field of the message ``data[offset:end]``:
+    a length-delimited field is ``data[start:stop]`` (value 0), a varint has stop 0 and its
+    value if its number's bit is set in ``decode`` (else 0: skipped undecoded; the ids and
+    leases in etcd's answers are ten-byte varints nobody here reads)."""
+    while offset < end:
+        tag = data[offset]
+        if tag < 0x80:
+            offset += 1
+        else:
+            tag, offset = _read_varint(data, offset)
+        number, kind = tag >> 3, tag & 7
+        if kind == VARINT:
+            if offset < end and data[offset] < 0x80:
+                value = data[offset] if decode >> number & 1 else 0
+                offset += 1
+            elif decode >> number & 1:
+                value, offset = _read_varint(data, offset)
+            else:
+                value = 0
+                found = _VARINT_END.match(data, offset, end)
+                if found is None:
+                    raise ValueError("truncated varint")
+                offset = found.end()
+            yield number, value, offset, 0
+        elif kind == LEN:
+            if offset < end and data[offset] < 0x80:
+                size = data[offset]
+                offset += 1
+            else:
+                size, offset = _read_varint(data, offset)
+            if offset + size > end:
+                raise ValueError("truncated field")
+            yield number, 0, offset, offset + size
+            offset += size
+        elif kind == 1:  # 64-bit: none in these messages; skip
+            offset += 8
+        elif kind == 5:  # 32-bit
+            offset += 4
+        else:
+            raise ValueError(f"unsupported wire type {kind}")
+
+
+#: the bytes of one varint: up to nine with the continuation bit, then one without
+_VARINT_END = re.compile(rb"[\x80-\xff]{0,9}[\x00-\x7f]")
+
+
+def _header_revision(data: bytes, start: int, stop: int) -> int:
+    """``ResponseHeader.revision`` (field 3) of ``data[start:stop]``."""
+    revision = 0
+    for number, value, _, end in _walk(data, start, stop, 1 << 3):
+        if number == 3 and not end:
+            revision = value
+    return _signed(revision)
+
+
+def _first_create_revision(data: bytes, start: int, stop: int) -> int:
+    """The ``create_revision`` (field 2 of a KeyValue) of the first key (kvs, field 2) of the
+    ``RangeResponse`` ``data[start:stop]``; 0 when it has none."""
+    for number, _, kv, kv_end in _walk(data, start, stop, 0):
+        if number == 2 and kv_end:
+            revision = 0
+            for inner, value, _, end in _walk(data, kv, kv_end, 1 << 2):
+                if inner == 2 and not end:
+                    revision = value
+            return _signed(revision)
+    return 0
+
+
+def deleted_count(data: bytes) -> int:
+    """``DeleteRangeResponse.deleted`` (field 2): how many keys went."""
+    deleted = 0
+    for number, value, _, end in _walk(data, 0, len(data), 1 << 2):
+        if number == 2 and not end:
+            deleted = value
+    return _signed(deleted)
 
 
 def parse_delete(data: bytes) -> RangeResult:
