@@ -220,19 +220,24 @@ class Created:
         firsts: list[int | None] = []
         # TxnResponse: header 1, succeeded 2, responses 3 (each a ResponseOp: one of
         # response_range 1, response_put 2, response_delete_range 3, response_txn 4)
-        for number, value, start, stop in _walk(data, 0, len(data), 1 << 2):
-            if number == 3 and stop:
+        for number, start, stop in _spans(data, 0, len(data)):
+            if stop < 0:
+                if number == 2:
+                    succeeded = _varint_at(data, start) != 0
+            elif number == 1:
+                at = _find(data, start, stop, 3)[0]  # ResponseHeader.revision
+                revision = 0 if at < 0 else _signed(_varint_at(data, at))
+            elif number == 3:
                 first: int | None = None
-                for kind, _, body, body_end in _walk(data, start, stop, 0):
-                    if kind == 1 and body_end:
-                        first = _first_create_revision(data, body, body_end)
+                for kind, body, body_end in _spans(data, start, stop):
+                    if kind == 1 and body_end >= 0:
+                        # RangeResponse.kvs (2), the first KeyValue's create_revision (2)
+                        kv, kv_end = _find(data, body, body_end, 2, first=True)
+                        at = -1 if kv_end < 0 else _find(data, kv, kv_end, 2)[0]
+                        first = 0 if at < 0 else _signed(_varint_at(data, at))
                     elif 2 <= kind <= 4:
                         first = None
                 firsts.append(first)
-            elif number == 2 and not stop:
-                succeeded = bool(value)
-            elif number == 1 and stop:
-                revision = _header_revision(data, start, stop)
         return cls(succeeded, revision, tuple(firsts))
 
     def first(self, index: int) -> int:
@@ -244,31 +249,29 @@ class Created:
         return found
 
 
-def _walk(data: bytes, offset: int, end: int, decode: int) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, value, start, stop) for each field of the message ``data[offset:end]``:
-    a length-delimited field is ``data[start:stop]`` (value 0), a varint has stop 0 and its
-    value if its number's bit is set in ``decode`` (else 0: skipped undecoded; the ids and
-    leases in etcd's answers are ten-byte varints nobody here reads)."""
+def _spans(data: bytes, offset: int, end: int) -> list[tuple[int, int, int]]:
+    """(field number, start, stop) of each field of the message ``data[offset:end]``: a
+    length-delimited value is ``data[start:stop]``; a varint starts at ``start`` (stop -1;
+    :func:`_varint_at` reads it). Fixed-size fields are left out. Nothing is decoded or
+    copied: the hot answers' ids and leases are ten-byte varints nobody reads."""
+    spans: list[tuple[int, int, int]] = []
     while offset < end:
         tag = data[offset]
         if tag < 0x80:
             offset += 1
         else:
             tag, offset = _read_varint(data, offset)
-        number, kind = tag >> 3, tag & 7
+        kind = tag & 7
         if kind == VARINT:
             if offset < end and data[offset] < 0x80:
-                value = data[offset] if decode >> number & 1 else 0
+                spans.append((tag >> 3, offset, -1))
                 offset += 1
-            elif decode >> number & 1:
-                value, offset = _read_varint(data, offset)
             else:
-                value = 0
                 found = _VARINT_END.match(data, offset, end)
                 if found is None:
                     raise ValueError("truncated varint")
+                spans.append((tag >> 3, offset, -1))
                 offset = found.end()
-            yield number, value, offset, 0
         elif kind == LEN:
             if offset < end and data[offset] < 0x80:
                 size = data[offset]
@@ -277,7 +280,7 @@ def _walk(data: bytes, offset: int, end: int, decode: int) -> Iterator[tuple[int
                 size, offset = _read_varint(data, offset)
             if offset + size > end:
                 raise ValueError("truncated field")
-            yield number, 0, offset, offset + size
+            spans.append((tag >> 3, offset, offset + size))
             offset += size
         elif kind == 1:  # 64-bit: none in these messages; skip
             offset += 8
@@ -285,41 +288,70 @@ def _walk(data: bytes, offset: int, end: int, decode: int) -> Iterator[tuple[int
             offset += 4
         else:
             raise ValueError(f"unsupported wire type {kind}")
+    if offset > end:
+        raise ValueError("truncated field")
+    return spans
+
+
+def _find(data: bytes, offset: int, end: int, wanted: int, *, first: bool = False) -> tuple[int, int]:
+    """Where field ``wanted`` of the message ``data[offset:end]`` is: (start, stop) of a
+    length-delimited value, (start, -1) of a varint, (-1, -1) when absent. The last one,
+    as protobuf reads a scalar, or with ``first`` the first item of a repeated field."""
+    found = (-1, -1)
+    while offset < end:
+        tag = data[offset]
+        if tag < 0x80:
+            offset += 1
+        else:
+            tag, offset = _read_varint(data, offset)
+        kind = tag & 7
+        if kind == VARINT:
+            if tag >> 3 == wanted:
+                found = (offset, -1)
+            if offset < end and data[offset] < 0x80:
+                offset += 1
+            else:
+                match = _VARINT_END.match(data, offset, end)
+                if match is None:
+                    raise ValueError("truncated varint")
+                offset = match.end()
+        elif kind == LEN:
+            if offset < end and data[offset] < 0x80:
+                size = data[offset]
+                offset += 1
+            else:
+                size, offset = _read_varint(data, offset)
+            if offset + size > end:
+                raise ValueError("truncated field")
+            if tag >> 3 == wanted:
+                found = (offset, offset + size)
+                if first:
+                    return found
+            offset += size
+        elif kind == 1:  # 64-bit: none in these messages; skip
+            offset += 8
+        elif kind == 5:  # 32-bit
+            offset += 4
+        else:
+            raise ValueError(f"unsupported wire type {kind}")
+    if offset > end:
+        raise ValueError("truncated field")
+    return found
 
 
 #: the bytes of one varint: up to nine with the continuation bit, then one without
 _VARINT_END = re.compile(rb"[\x80-\xff]{0,9}[\x00-\x7f]")
 
 
-def _header_revision(data: bytes, start: int, stop: int) -> int:
-    """``ResponseHeader.revision`` (field 3) of ``data[start:stop]``."""
-    revision = 0
-    for number, value, _, end in _walk(data, start, stop, 1 << 3):
-        if number == 3 and not end:
-            revision = value
-    return _signed(revision)
-
-
-def _first_create_revision(data: bytes, start: int, stop: int) -> int:
-    """The ``create_revision`` (field 2 of a KeyValue) of the first key (kvs, field 2) of the
-    ``RangeResponse`` ``data[start:stop]``; 0 when it has none."""
-    for number, _, kv, kv_end in _walk(data, start, stop, 0):
-        if number == 2 and kv_end:
-            revision = 0
-            for inner, value, _, end in _walk(data, kv, kv_end, 1 << 2):
-                if inner == 2 and not end:
-                    revision = value
-            return _signed(revision)
-    return 0
+def _varint_at(data: bytes, offset: int) -> int:
+    value = data[offset]
+    return value if value < 0x80 else _read_varint(data, offset)[0]
 
 
 def deleted_count(data: bytes) -> int:
     """``DeleteRangeResponse.deleted`` (field 2): how many keys went."""
-    deleted = 0
-    for number, value, _, end in _walk(data, 0, len(data), 1 << 2):
-        if number == 2 and not end:
-            deleted = value
-    return _signed(deleted)
+    at = _find(data, 0, len(data), 2)[0]
+    return 0 if at < 0 else _signed(_varint_at(data, at))
 
 
 def parse_delete(data: bytes) -> RangeResult:
