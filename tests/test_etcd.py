@@ -133,6 +133,16 @@ def test_url_path_and_prefix_make_the_mutex_prefix() -> None:
     assert EtcdBackend.from_url("etcd://a").lock_key(LockRef("lock", "%/\n")) == "asynclock/%25%2F%0A"
 
 
+def test_a_name_segment_encodes_exactly_percent_slash_and_control_characters() -> None:
+    """Printable names are used as they are; every other name is encoded character by
+    character, so both give what the rule gives (``etcdctl lock`` users type these keys)."""
+    names = ["", "x", "job 1", "é/ü", "a%b", "tab\there", "del\x7f", "nel\x85", "nul\x00", "\u2028", "日本/語"]
+    for name in names:
+        by_rule = "".join(f"%{ord(c):02X}" if c in "%/" or ord(c) < 0x20 or ord(c) == 0x7F else c for c in name)
+        assert _recipe.escape_name(name) == by_rule, name
+        assert _recipe.unescape_name(_recipe.escape_name(name)) == name
+
+
 def test_unknown_options_are_refused_before_any_io() -> None:
     with pytest.raises(ValueError, match="did you mean 'user'"):
         asynclock.connect(f"etcd://127.0.0.1:{free_port()}?usr=me")
