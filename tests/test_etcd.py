@@ -20,7 +20,7 @@ from asynclock.abc import LockRef
 from asynclock.backends.etcd import EtcdBackend, _recipe, _watch
 from asynclock.backends.etcd._client import _KV
 from asynclock.backends.etcd._replies import Created, TxnResult, deleted_count
-from asynclock.backends.etcd._wire import Op, range_request
+from asynclock.backends.etcd._wire import Op, range_request, txn_request
 from tests.harness import eventually
 from tests.harness_etcd import AdminClient, EtcdHarness
 from tests.servers import free_port, scaled
@@ -272,6 +272,33 @@ async def test_the_create_and_delete_answers_are_read_by_field_number_whatever_e
     finally:
         await client.revoke(lease, 5.0)
         await client.revoke(other, 5.0)
+
+
+async def test_a_transactions_answer_has_one_response_per_op_whatever_else_they_carry(harness: EtcdHarness) -> None:
+    """The full reader (a waiter's check, the renewals' reads) gives each op of the branch
+    that ran its one response, in order, however the answer's fields are laid out and
+    whatever unknown fields a ResponseOp carries."""
+    client = (await harness.admin()).client
+    lease = 0x5EED_0000_0000_0011
+    await client.grant(60, lease, 5.0)
+    try:
+        key = f"{harness.prefix}/reads/a".encode()
+        put = await client.txn([], [Op.put(key, b"v", lease=lease)], timeout=5.0)
+        request = txn_request([], [Op.range(key), Op.range(key + b"/absent"), Op.delete(key + b"/absent")])
+        answer = await client.call(_KV + "Txn", request, 5.0)
+
+        def shape(result: TxnResult) -> tuple[bool, int, list[tuple[int, list[int], int]]]:
+            return (
+                result.succeeded,
+                result.header.revision,
+                [(kind, [kv.create_revision for kv in found.kvs], found.count) for kind, found in result.responses],
+            )
+
+        expected = (True, put.header.revision, [(1, [put.header.revision], 1), (1, [], 0), (3, [], 0)])
+        assert shape(TxnResult.parse(answer)) == expected
+        assert shape(TxnResult.parse(_scramble(answer, _TXN))) == expected
+    finally:
+        await client.revoke(lease, 5.0)
 
 
 # -- interop with etcdctl lock -------------------------------------------------------------

@@ -182,15 +182,18 @@ class TxnResult:
             elif number == 2 and isinstance(value, int):
                 succeeded = bool(value)
             elif number == 3 and isinstance(value, bytes):
+                # one ResponseOp: one of range 1, put 2, delete 3, txn 4 (other fields are a newer etcd's)
+                response = (0, RangeResult(_NO_HEADER))
                 for kind, body in _fields(value):
                     if not isinstance(body, bytes):
                         continue
                     if kind == 1:
-                        responses.append((1, RangeResult.parse(body, header_too=False)))
+                        response = (1, RangeResult.parse(body, header_too=False))
                     elif kind == 3:
-                        responses.append((3, parse_delete(body)))
-                    else:
-                        responses.append((kind, RangeResult(_NO_HEADER)))
+                        response = (3, parse_delete(body))
+                    elif kind in (2, 4):
+                        response = (kind, RangeResult(_NO_HEADER))
+                responses.append(response)
         return cls(header, succeeded, responses)
 
     def range(self, index: int) -> RangeResult:
@@ -225,16 +228,14 @@ class Created:
                 if number == 2:
                     succeeded = _varint_at(data, start) != 0
             elif number == 1:
-                at = _find(data, start, stop, 3)[0]  # ResponseHeader.revision
-                revision = 0 if at < 0 else _signed(_varint_at(data, at))
+                revision = _int_field(data, start, stop, 3)  # ResponseHeader.revision
             elif number == 3:
                 first: int | None = None
                 for kind, body, body_end in _spans(data, start, stop):
                     if kind == 1 and body_end >= 0:
                         # RangeResponse.kvs (2), the first KeyValue's create_revision (2)
                         kv, kv_end = _find(data, body, body_end, 2, first=True)
-                        at = -1 if kv_end < 0 else _find(data, kv, kv_end, 2)[0]
-                        first = 0 if at < 0 else _signed(_varint_at(data, at))
+                        first = _int_field(data, kv, kv_end, 2) if kv_end >= 0 else 0
                     elif 2 <= kind <= 4:
                         first = None
                 firsts.append(first)
@@ -348,10 +349,15 @@ def _varint_at(data: bytes, offset: int) -> int:
     return value if value < 0x80 else _read_varint(data, offset)[0]
 
 
+def _int_field(data: bytes, start: int, stop: int, wanted: int) -> int:
+    """The int64 field ``wanted`` of the message ``data[start:stop]`` (0 when absent)."""
+    at, end = _find(data, start, stop, wanted)
+    return _signed(_varint_at(data, at)) if at >= 0 and end < 0 else 0
+
+
 def deleted_count(data: bytes) -> int:
     """``DeleteRangeResponse.deleted`` (field 2): how many keys went."""
-    at = _find(data, 0, len(data), 2)[0]
-    return 0 if at < 0 else _signed(_varint_at(data, at))
+    return _int_field(data, 0, len(data), 2)
 
 
 def parse_delete(data: bytes) -> RangeResult:
