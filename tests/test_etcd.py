@@ -17,8 +17,10 @@ import pytest
 import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockLost
 from asynclock.abc import LockRef
-from asynclock.backends.etcd import EtcdBackend, _watch
-from asynclock.backends.etcd._wire import range_request
+from asynclock.backends.etcd import EtcdBackend, _recipe, _watch
+from asynclock.backends.etcd._client import _KV
+from asynclock.backends.etcd._replies import Created, TxnResult, deleted_count
+from asynclock.backends.etcd._wire import Op, range_request, txn_request
 from tests.harness import eventually
 from tests.harness_etcd import AdminClient, EtcdHarness
 from tests.servers import free_port, scaled
@@ -131,6 +133,16 @@ def test_url_path_and_prefix_make_the_mutex_prefix() -> None:
     assert EtcdBackend.from_url("etcd://a").lock_key(LockRef("lock", "%/\n")) == "asynclock/%25%2F%0A"
 
 
+def test_a_name_segment_encodes_exactly_percent_slash_and_control_characters() -> None:
+    """Printable names are used as they are; every other name is encoded character by
+    character, so both give what the rule gives (``etcdctl lock`` users type these keys)."""
+    names = ["", "x", "job 1", "é/ü", "a%b", "tab\there", "del\x7f", "nel\x85", "nul\x00", "\u2028", "日本/語"]
+    for name in names:
+        by_rule = "".join(f"%{ord(c):02X}" if c in "%/" or ord(c) < 0x20 or ord(c) == 0x7F else c for c in name)
+        assert _recipe.escape_name(name) == by_rule, name
+        assert _recipe.unescape_name(_recipe.escape_name(name)) == name
+
+
 def test_unknown_options_are_refused_before_any_io() -> None:
     with pytest.raises(ValueError, match="did you mean 'user'"):
         asynclock.connect(f"etcd://127.0.0.1:{free_port()}?usr=me")
@@ -138,6 +150,155 @@ def test_unknown_options_are_refused_before_any_io() -> None:
         asynclock.connect("etcds://127.0.0.1:1", ca_fil="/x")
     with pytest.raises(ValueError, match="TLS option"):
         asynclock.connect("etcd://127.0.0.1:1?ca_file=/x")
+
+
+# -- the answers the hot path reads -----------------------------------------------------------
+
+#: Which fields of etcd's answers are messages (field number -> the message's own
+#: schema): TxnResponse's header and ResponseOps, a ResponseOp's range, put and
+#: delete responses, a RangeResponse's header and KeyValues.
+_HEADER: dict[int, Any] = {}
+_RANGE = {1: _HEADER, 2: {}}
+_TXN = {1: _HEADER, 3: {1: _RANGE, 2: {1: _HEADER}, 3: {1: _HEADER}}}
+_DELETE = {1: _HEADER}
+
+#: Fields no etcd message here has, one of each wire type (a two-byte tag, a
+#: ten-byte varint, a length-delimited, a 64-bit and a 32-bit value).
+_UNKNOWN = [(99, 0, (1 << 64) - 1), (100, 2, b"\x08\x96\x01 unknown"), (101, 1, b"8 bytes!"), (102, 5, b"4byt")]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read(data: bytes, offset: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[offset]
+        offset += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, offset
+
+
+def _scramble(data: bytes, schema: dict[int, Any]) -> bytes:
+    """``data`` re-encoded as another valid protobuf writer may send it: fields by
+    descending number (a repeated field's items keep their order), unknown fields of
+    every wire type before and after, and the same done inside every known message."""
+    fields: list[tuple[int, int, Any]] = []
+    offset = 0
+    while offset < len(data):
+        tag, offset = _read(data, offset)
+        number, kind = tag >> 3, tag & 7
+        if kind == 0:
+            value, offset = _read(data, offset)
+            fields.append((number, 0, value))
+        elif kind == 2:
+            size, offset = _read(data, offset)
+            body = data[offset : offset + size]
+            offset += size
+            fields.append((number, 2, _scramble(body, schema[number]) if number in schema else body))
+        else:
+            raise AssertionError(f"etcd sent wire type {kind}")
+    fields.sort(key=lambda field: -field[0])
+    out = bytearray()
+    for number, kind, value in [*_UNKNOWN[:2], *fields, *_UNKNOWN[2:]]:
+        out += _varint(number << 3 | kind)
+        if kind == 0:
+            out += _varint(value)
+        elif kind == 2:
+            out += _varint(len(value)) + value
+        else:
+            out += value
+    return bytes(out)
+
+
+async def test_the_create_and_delete_answers_are_read_by_field_number_whatever_else_they_carry(
+    harness: EtcdHarness,
+) -> None:
+    """The acquire reads only a few fields of the creating transaction's answer (whether the
+    put ran, the revision, the first create revision each range found), the release only the
+    count of a delete's: read from etcd's real answers, and from the same answers with their
+    fields in another order and unknown fields of every wire type added, they give what etcd
+    holds. The key is written again before it is created a second time, so a create
+    revision mixed up with a mod revision, or a header's revision with a key's, shows."""
+    client = (await harness.admin()).client
+    lease = 0x5EED_0000_0000_0001
+    await client.grant(60, lease, 5.0)
+    other = lease + 2
+    await client.grant(60, other, 5.0)
+    try:
+        prefix = f"{harness.prefix}/answers"
+        mine, theirs = _recipe.mutex(prefix, lease), _recipe.mutex(prefix, other)
+
+        async def create(contender: _recipe.Contender) -> bytes:
+            return await client.call(_KV + "Txn", contender.create, 5.0)
+
+        async def create_revision(key: bytes) -> int:
+            (kv,) = (await client.range(range_request(key), 5.0)).kvs
+            return kv.create_revision
+
+        put_first = await create(mine)
+        first = await create_revision(mine.key)
+        rewritten = await client.txn([], [Op.put(mine.key, b"written again", lease=lease)], timeout=5.0)
+        put_again = await create(mine)
+        put_second = await create(theirs)
+        second = await create_revision(theirs.key)
+        assert first < rewritten.header.revision < second
+
+        expected = [
+            (put_first, Created(True, first, (None, first))),
+            (put_again, Created(False, rewritten.header.revision, (first, first))),
+            (put_second, Created(True, second, (None, first))),
+        ]
+        for answer, created in expected:
+            assert TxnResult.parse(answer).succeeded is created.succeeded  # (the full reader agrees)
+            assert Created.parse(answer) == created
+            assert Created.parse(_scramble(answer, _TXN)) == created
+        assert Created.parse(put_again).first(1) == first
+        with pytest.raises(ValueError, match="no range"):
+            Created.parse(put_first).first(0)  # a put's response
+
+        deleted = await client.call(_KV + "DeleteRange", theirs.remove, 5.0)
+        none_left = await client.call(_KV + "DeleteRange", theirs.remove, 5.0)
+        assert [deleted_count(deleted), deleted_count(_scramble(deleted, _DELETE))] == [1, 1]
+        assert [deleted_count(none_left), deleted_count(_scramble(none_left, _DELETE))] == [0, 0]
+    finally:
+        await client.revoke(lease, 5.0)
+        await client.revoke(other, 5.0)
+
+
+async def test_a_transactions_answer_has_one_response_per_op_whatever_else_they_carry(harness: EtcdHarness) -> None:
+    """The full reader (a waiter's check, the renewals' reads) gives each op of the branch
+    that ran its one response, in order, however the answer's fields are laid out and
+    whatever unknown fields a ResponseOp carries."""
+    client = (await harness.admin()).client
+    lease = 0x5EED_0000_0000_0011
+    await client.grant(60, lease, 5.0)
+    try:
+        key = f"{harness.prefix}/reads/a".encode()
+        put = await client.txn([], [Op.put(key, b"v", lease=lease)], timeout=5.0)
+        request = txn_request([], [Op.range(key), Op.range(key + b"/absent"), Op.delete(key + b"/absent")])
+        answer = await client.call(_KV + "Txn", request, 5.0)
+
+        def shape(result: TxnResult) -> tuple[bool, int, list[tuple[int, list[int], int]]]:
+            return (
+                result.succeeded,
+                result.header.revision,
+                [(kind, [kv.create_revision for kv in found.kvs], found.count) for kind, found in result.responses],
+            )
+
+        expected = (True, put.header.revision, [(1, [put.header.revision], 1), (1, [], 0), (3, [], 0)])
+        assert shape(TxnResult.parse(answer)) == expected
+        assert shape(TxnResult.parse(_scramble(answer, _TXN))) == expected
+    finally:
+        await client.revoke(lease, 5.0)
 
 
 # -- interop with etcdctl lock -------------------------------------------------------------

@@ -296,12 +296,12 @@ class EtcdBackend:
             return False
         assert node.contender is not None
         try:
-            answer = await self._client.delete(node.contender.key, self._session.window())
+            deleted = await self._client.remove(node.contender.remove, self._session.window())
         except BaseException:
             queue.finish_later(node)  # (a retry of this release finds nothing: the front counts it done)
             raise
         queue.pass_turn(node)
-        return held and answer.count > 0
+        return held and deleted > 0
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
         """One keep-alive of the client's lease and one transaction reading the held keys."""

@@ -297,6 +297,10 @@ class EtcdClient:
             await self.call(_KV + "DeleteRange", _wire.delete_request(key, range_end), timeout)
         )
 
+    async def remove(self, request: bytes, timeout: float) -> int:
+        """Send an encoded ``delete_request``; how many keys went."""
+        return _replies.deleted_count(await self.call(_KV + "DeleteRange", request, timeout))
+
     async def grant(self, ttl: int, lease_id: int, timeout: float) -> _replies.LeaseResult:
         """Grant the lease ``lease_id`` (chosen by the caller, so a repeated grant is recognised)."""
         return _replies.LeaseResult.parse(

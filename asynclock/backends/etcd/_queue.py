@@ -33,7 +33,7 @@ from ..._errors import LockError
 from ..._timing import Backoff
 from ._client import EtcdClient, EtcdError, EtcdUnavailable, Sent
 from ._recipe import Contender
-from ._replies import TxnResult
+from ._replies import Created
 from ._session import Lease, Session
 from ._watch import Watch
 from ._wire import Op
@@ -267,15 +267,17 @@ class Queue:
     async def _create(self, node: Node, window: float) -> bool | None:
         """Put ``node``'s key under the current lease unless it exists; whether it holds
         (the Mutex reads the first contender in the same transaction), or None: ask."""
-        loop = asyncio.get_running_loop()
-        lease = await self._session.ensure(loop.time() + window)
+        session = self._session
+        lease = session.usable()
+        if lease is None:
+            lease = await session.ensure(asyncio.get_running_loop().time() + window)
         if node.lease is not lease or node.contender is None:
             node.lease, node.revision, node.contender = lease, 0, node.make(lease.id)
         contender = node.contender
         sent = node.creating = self._client.send_txn(contender.create, timeout=window)
         node.uncertain = True
         try:
-            created = TxnResult.parse(await sent.answer())
+            created = Created.parse(await sent.answer())
         except EtcdUnavailable:
             node.creating = None  # no answer: it may still land (node.uncertain stays)
             raise
@@ -289,16 +291,16 @@ class Queue:
         node.creating = None
         node.uncertain = False
         if created.succeeded:
-            node.revision = created.header.revision
+            node.revision = created.revision
         else:
-            mine = created.range(0).kvs
+            mine = created.first(0)
             if not mine:  # pragma: no cover - etcd answers a transaction at one revision
                 return None
-            node.revision = mine[0].create_revision
+            node.revision = mine
         if not contender.reads_owner:
             return None
-        owner = created.range(1).kvs
-        return not owner or owner[0].create_revision == node.revision
+        owner = created.first(1)
+        return not owner or owner == node.revision
 
     async def _grant(self, node: Node, window: float) -> bool:
         """``node`` holds by its rule: held, if its lease's confirmation is young enough to
@@ -331,7 +333,7 @@ class Queue:
             return
         assert node.contender is not None
         try:
-            await self._client.delete(node.contender.key, self._session.window())
+            await self._client.remove(node.contender.remove, self._session.window())
         except BaseException as exc:
             self.finish_later(node)
             if not isinstance(exc, (LockError, OSError)):
@@ -361,7 +363,7 @@ class Queue:
                     node.uncertain = True
             while not self.closed and node.contender is not None and node.alive:
                 try:
-                    await self._client.delete(node.contender.key, session.window())
+                    await self._client.remove(node.contender.remove, session.window())
                     if not node.uncertain:
                         return
                     # a create that failed unanswered may still be applied late: sweep once more

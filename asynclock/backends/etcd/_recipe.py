@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ._replies import KeyValue, RangeResult
-from ._wire import ASCEND, DESCEND, SORT_CREATE, Compare, Op, prefix_end, txn_request
+from ._wire import ASCEND, DESCEND, SORT_CREATE, Compare, Op, delete_request, prefix_end, txn_request
 
 __all__ = ["Contender", "Layout", "candidate", "escape_name", "unescape_name"]
 
@@ -97,6 +97,8 @@ def _unsafe(char: str) -> bool:
 def escape_name(name: str) -> str:
     """``name`` as one path segment of a key: ``%``, ``/`` and control
     characters percent-encoded (their UTF-8 bytes); distinct names give distinct segments."""
+    if name.isprintable() and "%" not in name and "/" not in name:
+        return name  # (a printable name has no control character: nothing to encode)
     return "".join(f"%{ord(c):02X}" if _unsafe(c) else c for c in name)
 
 
@@ -159,9 +161,12 @@ class Contender:
     value: bytes = b""
     #: the creating transaction (:meth:`creating`), encoded once
     create: bytes = field(init=False, repr=False)
+    #: the request that deletes our key, encoded once
+    remove: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "create", txn_request(*self.creating()))
+        object.__setattr__(self, "remove", delete_request(self.key))
 
     def creating(self) -> tuple[list[Compare], list[Op], list[Op]]:
         """The transaction that puts our key unless it exists; either way it reads it

@@ -7,6 +7,7 @@ newer etcd that adds fields is still understood.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from ._wire import LEN, VARINT
 
 __all__ = [
     "DELETE",
+    "Created",
     "Event",
     "Header",
     "KeyValue",
@@ -21,6 +23,7 @@ __all__ = [
     "RangeResult",
     "TxnResult",
     "WatchResult",
+    "deleted_count",
     "parse_delete",
     "parse_token",
 ]
@@ -179,15 +182,18 @@ class TxnResult:
             elif number == 2 and isinstance(value, int):
                 succeeded = bool(value)
             elif number == 3 and isinstance(value, bytes):
+                # one ResponseOp: one of range 1, put 2, delete 3, txn 4 (other fields are a newer etcd's)
+                response = (0, RangeResult(_NO_HEADER))
                 for kind, body in _fields(value):
                     if not isinstance(body, bytes):
                         continue
                     if kind == 1:
-                        responses.append((1, RangeResult.parse(body, header_too=False)))
+                        response = (1, RangeResult.parse(body, header_too=False))
                     elif kind == 3:
-                        responses.append((3, parse_delete(body)))
-                    else:
-                        responses.append((kind, RangeResult(_NO_HEADER)))
+                        response = (3, parse_delete(body))
+                    elif kind in (2, 4):
+                        response = (kind, RangeResult(_NO_HEADER))
+                responses.append(response)
         return cls(header, succeeded, responses)
 
     def range(self, index: int) -> RangeResult:
@@ -196,6 +202,162 @@ class TxnResult:
         if kind != 1:
             raise ValueError(f"response {index} of the transaction is no range")
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """The answer to a contender's creating transaction, read for what the queue uses of it:
+    whether the put ran (``succeeded``), the revision etcd answered at (the new key's create
+    revision when it did), and, for each response of the branch that ran, the create
+    revision of the first key a range read (0: it found none; None: the response is no
+    range). Nothing else is decoded: this is read on every acquisition."""
+
+    succeeded: bool
+    revision: int
+    firsts: tuple[int | None, ...]
+
+    @classmethod
+    def parse(cls, data: bytes) -> Created:
+        succeeded = False
+        revision = 0
+        firsts: list[int | None] = []
+        # TxnResponse: header 1, succeeded 2, responses 3 (each a ResponseOp: one of
+        # response_range 1, response_put 2, response_delete_range 3, response_txn 4)
+        for number, start, stop in _spans(data, 0, len(data)):
+            if stop < 0:
+                if number == 2:
+                    succeeded = _varint_at(data, start) != 0
+            elif number == 1:
+                revision = _int_field(data, start, stop, 3)  # ResponseHeader.revision
+            elif number == 3:
+                first: int | None = None
+                for kind, body, body_end in _spans(data, start, stop):
+                    if kind == 1 and body_end >= 0:
+                        # RangeResponse.kvs (2), the first KeyValue's create_revision (2)
+                        kv, kv_end = _find(data, body, body_end, 2, first=True)
+                        first = _int_field(data, kv, kv_end, 2) if kv_end >= 0 else 0
+                    elif 2 <= kind <= 4:
+                        first = None
+                firsts.append(first)
+        return cls(succeeded, revision, tuple(firsts))
+
+    def first(self, index: int) -> int:
+        """The create revision of the first key the range op at ``index`` of the branch
+        that ran read (0: none)."""
+        found = self.firsts[index]
+        if found is None:
+            raise ValueError(f"response {index} of the transaction is no range")
+        return found
+
+
+def _spans(data: bytes, offset: int, end: int) -> list[tuple[int, int, int]]:
+    """(field number, start, stop) of each field of the message ``data[offset:end]``: a
+    length-delimited value is ``data[start:stop]``; a varint starts at ``start`` (stop -1;
+    :func:`_varint_at` reads it). Fixed-size fields are left out. Nothing is decoded or
+    copied: the hot answers' ids and leases are ten-byte varints nobody reads."""
+    spans: list[tuple[int, int, int]] = []
+    while offset < end:
+        tag = data[offset]
+        if tag < 0x80:
+            offset += 1
+        else:
+            tag, offset = _read_varint(data, offset)
+        kind = tag & 7
+        if kind == VARINT:
+            if offset < end and data[offset] < 0x80:
+                spans.append((tag >> 3, offset, -1))
+                offset += 1
+            else:
+                found = _VARINT_END.match(data, offset, end)
+                if found is None:
+                    raise ValueError("truncated varint")
+                spans.append((tag >> 3, offset, -1))
+                offset = found.end()
+        elif kind == LEN:
+            if offset < end and data[offset] < 0x80:
+                size = data[offset]
+                offset += 1
+            else:
+                size, offset = _read_varint(data, offset)
+            if offset + size > end:
+                raise ValueError("truncated field")
+            spans.append((tag >> 3, offset, offset + size))
+            offset += size
+        elif kind == 1:  # 64-bit: none in these messages; skip
+            offset += 8
+        elif kind == 5:  # 32-bit
+            offset += 4
+        else:
+            raise ValueError(f"unsupported wire type {kind}")
+    if offset > end:
+        raise ValueError("truncated field")
+    return spans
+
+
+def _find(data: bytes, offset: int, end: int, wanted: int, *, first: bool = False) -> tuple[int, int]:
+    """Where field ``wanted`` of the message ``data[offset:end]`` is: (start, stop) of a
+    length-delimited value, (start, -1) of a varint, (-1, -1) when absent. The last one,
+    as protobuf reads a scalar, or with ``first`` the first item of a repeated field."""
+    found = (-1, -1)
+    while offset < end:
+        tag = data[offset]
+        if tag < 0x80:
+            offset += 1
+        else:
+            tag, offset = _read_varint(data, offset)
+        kind = tag & 7
+        if kind == VARINT:
+            if tag >> 3 == wanted:
+                found = (offset, -1)
+            if offset < end and data[offset] < 0x80:
+                offset += 1
+            else:
+                match = _VARINT_END.match(data, offset, end)
+                if match is None:
+                    raise ValueError("truncated varint")
+                offset = match.end()
+        elif kind == LEN:
+            if offset < end and data[offset] < 0x80:
+                size = data[offset]
+                offset += 1
+            else:
+                size, offset = _read_varint(data, offset)
+            if offset + size > end:
+                raise ValueError("truncated field")
+            if tag >> 3 == wanted:
+                found = (offset, offset + size)
+                if first:
+                    return found
+            offset += size
+        elif kind == 1:  # 64-bit: none in these messages; skip
+            offset += 8
+        elif kind == 5:  # 32-bit
+            offset += 4
+        else:
+            raise ValueError(f"unsupported wire type {kind}")
+    if offset > end:
+        raise ValueError("truncated field")
+    return found
+
+
+#: the bytes of one varint: up to nine with the continuation bit, then one without
+_VARINT_END = re.compile(rb"[\x80-\xff]{0,9}[\x00-\x7f]")
+
+
+def _varint_at(data: bytes, offset: int) -> int:
+    value = data[offset]
+    return value if value < 0x80 else _read_varint(data, offset)[0]
+
+
+def _int_field(data: bytes, start: int, stop: int, wanted: int) -> int:
+    """The int64 field ``wanted`` of the message ``data[start:stop]`` (0 when absent)."""
+    at, end = _find(data, start, stop, wanted)
+    return _signed(_varint_at(data, at)) if at >= 0 and end < 0 else 0
+
+
+def deleted_count(data: bytes) -> int:
+    """``DeleteRangeResponse.deleted`` (field 2): how many keys went."""
+    return _int_field(data, 0, len(data), 2)
 
 
 def parse_delete(data: bytes) -> RangeResult:
