@@ -15,7 +15,6 @@ and ``_shared.py``) answer :class:`Entered`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -44,38 +43,47 @@ class Entered(NamedTuple):
 class Ticket:
     """A hold's slot for its hand-over message, registered before the request that may queue it.
 
-    ``token``: the hand-over's, once it arrived. The event a waiter sleeps on
+    ``token``: the hand-over's, once it arrived. The future a waiter sleeps on
     is made only when one does (most acquires are never queued).
     """
 
-    __slots__ = ("_event", "_woken", "token")
+    __slots__ = ("_sleeping", "_woken", "token")
 
     def __init__(self) -> None:
         self.token: int | None = None
         self._woken = False
-        self._event: asyncio.Event | None = None
+        self._sleeping: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
         """The hand-over arrived, or the client must look again."""
         self._woken = True
-        if self._event is not None:
-            self._event.set()
+        sleeping = self._sleeping
+        if sleeping is not None and not sleeping.done():
+            sleeping.set_result(None)
 
     def clear(self) -> None:
         """Forget a wake-up (before a request that looks again)."""
         self._woken = False
-        if self._event is not None:
-            self._event.clear()
 
     async def wait(self, until: float) -> None:
         """Until a wake-up, or the loop time ``until``."""
         if self._woken:
             return
-        if self._event is None:
-            self._event = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout_at(until):
-                await self._event.wait()
+        loop = asyncio.get_running_loop()
+        sleeping = self._sleeping = loop.create_future()
+        # (a timer that ends the sleep, rather than a timeout that cancels it:
+        # the hand-over's path is one future and nothing to undo)
+        timer = loop.call_at(until, _end_sleep, sleeping)
+        try:
+            await sleeping
+        finally:
+            timer.cancel()
+            self._sleeping = None
+
+
+def _end_sleep(sleeping: asyncio.Future[None]) -> None:
+    if not sleeping.done():
+        sleeping.set_result(None)
 
 
 class Tickets:
