@@ -50,42 +50,9 @@ def _signed(value: int) -> int:
 
 
 def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
-    """(field number, value) for each field: an int for varints, bytes for length-delimited.
-
-    (One-byte tags and values, the common case, are read inline: this runs on every answer.)
-    """
-    offset = 0
-    end = len(data)
-    while offset < end:
-        tag = data[offset]
-        if tag < 0x80:
-            offset += 1
-        else:
-            tag, offset = _read_varint(data, offset)
-        number, kind = tag >> 3, tag & 7
-        if kind == VARINT:
-            if offset < end and data[offset] < 0x80:
-                value = data[offset]
-                offset += 1
-            else:
-                value, offset = _read_varint(data, offset)
-            yield number, value
-        elif kind == LEN:
-            if offset < end and data[offset] < 0x80:
-                size = data[offset]
-                offset += 1
-            else:
-                size, offset = _read_varint(data, offset)
-            if offset + size > end:
-                raise ValueError("truncated field")
-            yield number, data[offset : offset + size]
-            offset += size
-        elif kind == 1:  # 64-bit: none in these messages; skip
-            offset += 8
-        elif kind == 5:  # 32-bit
-            offset += 4
-        else:
-            raise ValueError(f"unsupported wire type {kind}")
+    """(field number, value) for each field: an int for varints, bytes for length-delimited."""
+    for number, start, stop in _spans(data, 0, len(data)):
+        yield number, (data[start:stop] if stop >= 0 else _varint_at(data, start))
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,44 +266,11 @@ def _find(data: bytes, offset: int, end: int, wanted: int, *, first: bool = Fals
     length-delimited value, (start, -1) of a varint, (-1, -1) when absent. The last one,
     as protobuf reads a scalar, or with ``first`` the first item of a repeated field."""
     found = (-1, -1)
-    while offset < end:
-        tag = data[offset]
-        if tag < 0x80:
-            offset += 1
-        else:
-            tag, offset = _read_varint(data, offset)
-        kind = tag & 7
-        if kind == VARINT:
-            if tag >> 3 == wanted:
-                found = (offset, -1)
-            if offset < end and data[offset] < 0x80:
-                offset += 1
-            else:
-                match = _VARINT_END.match(data, offset, end)
-                if match is None:
-                    raise ValueError("truncated varint")
-                offset = match.end()
-        elif kind == LEN:
-            if offset < end and data[offset] < 0x80:
-                size = data[offset]
-                offset += 1
-            else:
-                size, offset = _read_varint(data, offset)
-            if offset + size > end:
-                raise ValueError("truncated field")
-            if tag >> 3 == wanted:
-                found = (offset, offset + size)
-                if first:
-                    return found
-            offset += size
-        elif kind == 1:  # 64-bit: none in these messages; skip
-            offset += 8
-        elif kind == 5:  # 32-bit
-            offset += 4
-        else:
-            raise ValueError(f"unsupported wire type {kind}")
-    if offset > end:
-        raise ValueError("truncated field")
+    for number, start, stop in _spans(data, offset, end):
+        if number == wanted:
+            found = (start, stop)
+            if first and stop >= 0:
+                break
     return found
 
 
