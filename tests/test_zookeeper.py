@@ -32,6 +32,7 @@ import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.abc import LockRef
 from asynclock.backends.zookeeper import ZooKeeperBackend, escape_name, parse_url
+from asynclock.backends.zookeeper._connection import Frames
 from asynclock.backends.zookeeper._nodes import Node
 from asynclock.backends.zookeeper._order import contenders_of
 from asynclock.backends.zookeeper._wire import (
@@ -310,6 +311,54 @@ async def test_each_waiter_watches_only_its_predecessor(zk: ZooKeeperHarness) ->
     for task in waiters:
         task.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)
+
+
+async def test_the_connection_reader_handles_each_frame_as_its_last_byte_arrives() -> None:
+    """Reply frames cut anywhere (as TCP may deliver them) reach the session whole and in
+    order, each within the call that delivered its last byte (no reader task, no loop turn
+    in between); a frame length no server sends, or a frame the session cannot handle,
+    ends the connection with the reason, and nothing after it is handled."""
+    accepted: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_server(lambda _r, w: accepted.append(w), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    opened: list[asyncio.StreamWriter] = []
+
+    async def reader_of(on_frame: Callable[[bytes], None]) -> Frames:
+        stream, writer = await asyncio.open_connection("127.0.0.1", port)
+        opened.append(writer)
+        return Frames.attach(stream, writer, "test", on_frame)
+
+    try:
+        frames = [bytes(16) + b"a", bytes(range(200)) * 3, bytes(16)]
+        wire = b"".join(struct.pack("!i", len(frame)) + frame for frame in frames)
+        ends = [sum(4 + len(frame) for frame in frames[: i + 1]) for i in range(len(frames))]
+        for cut in (1, 3, 7, 64, len(wire)):
+            got: list[bytes] = []
+            reader = await reader_of(got.append)
+            for start in range(0, len(wire), cut):
+                reader.data_received(wire[start : start + cut])
+                assert got == frames[: sum(end <= start + cut for end in ends)], (cut, start)
+            assert not reader.ended.done()
+
+        got = []
+        reader = await reader_of(got.append)
+        reader.data_received(struct.pack("!i", 3) + b"xyz" + wire)
+        assert reader.ended.result() == "bad frame length 3 from test" and got == []
+
+        def refuse(frame: bytes) -> None:
+            got.append(frame)
+            raise ValueError("garbled")
+
+        reader = await reader_of(refuse)
+        reader.data_received(wire)
+        assert reader.ended.result() == "bad reply: ValueError('garbled')" and got == frames[:1]
+    finally:
+        for writer in opened + accepted:
+            writer.close()
+        for writer in opened:  # the stream's own protocol is told of the close
+            await asyncio.wait_for(writer.wait_closed(), 5)
+        server.close()
+        await server.wait_closed()
 
 
 async def test_a_free_lock_costs_create_pipelined_children_and_delete(zk: ZooKeeperHarness) -> None:

@@ -21,7 +21,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ._wire import FRAME_SIZE, PING_XID, REPLY_HEADER, ZkConnectionLoss
 
-__all__ = ["Conn", "Handshake", "Pending", "WatchCallback", "handshake"]
+__all__ = ["Conn", "Frames", "Handshake", "Pending", "WatchCallback", "handshake"]
 
 logger = logging.getLogger("asynclock")
 
@@ -97,13 +97,6 @@ class Conn:
         self.last_send = now
         self.write(protocol.PingRequest().serialize(PING_XID))
 
-    async def read_frame(self) -> bytes:
-        """The next reply frame; ValueError for a length no server sends."""
-        (size,) = FRAME_SIZE.unpack(await self.reader.readexactly(FRAME_SIZE.size))
-        if not REPLY_HEADER.size <= size <= _MAX_FRAME:
-            raise ValueError(f"bad frame length {size} from {self.host}")
-        return await self.reader.readexactly(size)
-
     def close(self, reason: str) -> None:
         """Close the socket and fail whatever is in flight (its outcome unknown)."""
         self.dead = True
@@ -123,6 +116,82 @@ class Conn:
         for callbacks in watches.values():
             for callback in callbacks:
                 _run_callback(callback, "disconnected")
+
+
+class Frames(asyncio.Protocol):
+    """The reader of an established connection: each reply frame is handled where its bytes arrive.
+
+    After the handshake (read as a stream) the transport gets this protocol,
+    so a reply or a watch event reaches whoever waits for it within the
+    event-loop turn that brought it, not one turn later through a reader
+    task. ``ended`` gets the reason once nothing more can be read: the
+    connection closed, a frame length no server sends, or a frame
+    ``on_frame`` could not handle (it is logged).
+    """
+
+    def __init__(self, host: str, on_frame: Callable[[bytes], None]) -> None:
+        self._host = host
+        self._on_frame = on_frame
+        self._buffer = bytearray()
+        self._transport: Any = None
+        self._previous: Any = None
+        self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    def attach(
+        cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, on_frame: Callable[[bytes], None]
+    ) -> Frames:
+        """Read ``writer``'s connection with a new ``Frames`` from now on (bytes the stream holds first)."""
+        self = cls(host, on_frame)
+        transport = writer.transport
+        self._transport = transport
+        self._previous = transport.get_protocol()
+        transport.set_protocol(self)
+        leftover = bytes(getattr(reader, "_buffer", b"") or b"")
+        if leftover:
+            self.data_received(leftover)
+        return self
+
+    def _end(self, reason: str) -> None:
+        if not self.ended.done():
+            self.ended.set_result(reason)
+
+    def data_received(self, data: bytes) -> None:
+        if self.ended.done():
+            return
+        buffer = self._buffer
+        buffer += data
+        pos = 0
+        head = FRAME_SIZE.size
+        transport = self._transport
+        while len(buffer) - pos >= head and not transport.is_closing():
+            (size,) = FRAME_SIZE.unpack_from(buffer, pos)
+            if not REPLY_HEADER.size <= size <= _MAX_FRAME:
+                self._end(f"bad frame length {size} from {self._host}")
+                return
+            if len(buffer) - pos - head < size:
+                break
+            frame = bytes(buffer[pos + head : pos + head + size])
+            pos += head + size
+            try:
+                self._on_frame(frame)
+            except Exception as exc:  # a garbled frame: this connection cannot be trusted
+                logger.exception("ZooKeeper %s: bad reply", self._host)
+                self._end(f"bad reply: {exc!r}")
+                return
+        del buffer[:pos]
+
+    def eof_received(self) -> bool:
+        self._end(f"connection to {self._host} lost: closed by the server")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(f"connection to {self._host} lost: {exc!r}")
+        previous, self._previous = self._previous, None
+        if previous is not None:
+            # the stream's protocol learns of the close too (its writer may be waited on)
+            with contextlib.suppress(Exception):
+                previous.connection_lost(exc)
 
 
 @dataclass(frozen=True, slots=True)

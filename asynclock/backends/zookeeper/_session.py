@@ -54,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._errors import LockError
 from ..._timing import Backoff
-from ._connection import Conn, Pending, WatchCallback, handshake
+from ._connection import Conn, Frames, Pending, WatchCallback, handshake
 from ._replies import settle, take
 from ._servers import Servers
 from ._wire import AUTH_XID, FRAME_SIZE, ZkConnectionLoss
@@ -355,23 +355,15 @@ class ZkSession:
                 logger.exception("ZooKeeper on_expired callback failed")
 
     async def _read_loop(self, conn: Conn) -> None:
+        """Until ``conn`` ends: its frames are handled as they arrive (``Frames``)."""
         loop = asyncio.get_running_loop()
-        while not conn.dead:
-            try:
-                frame = await conn.read_frame()
-            except ValueError as exc:
-                self._drop(conn, str(exc))
-                return
-            except (asyncio.IncompleteReadError, OSError) as exc:
-                self._drop(conn, f"connection to {conn.host} lost: {exc!r}")
-                return
+
+        def on_frame(frame: bytes) -> None:
             conn.last_recv = loop.time()
-            try:
-                self._dispatch(conn, frame)
-            except Exception as exc:  # a garbled frame: this connection cannot be trusted
-                logger.exception("ZooKeeper %s: bad reply", conn.host)
-                self._drop(conn, f"bad reply: {exc!r}")
-                return
+            self._dispatch(conn, frame)
+
+        frames = Frames.attach(conn.reader, conn.writer, conn.host, on_frame)
+        self._drop(conn, await frames.ended)
 
     def _dispatch(self, conn: Conn, frame: bytes) -> None:
         """Handle one reply frame: what it proves of the session first, then whatever waits on it."""
