@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import weakref
 from typing import Any
 
-_task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+#: The owner id of each task that has asked for one, until the task is done.
+_owners: dict[asyncio.Task[Any], str] = {}
 _task_counter = itertools.count(1)
 _detached_counter = itertools.count(1)
 
@@ -17,10 +17,15 @@ def current_owner() -> str:
     task = asyncio.current_task()
     if task is None:
         raise RuntimeError("asynclock locks are owned by asyncio tasks: call this from inside a task")
-    number = _task_ids.get(task)
-    if number is None:
-        number = _task_ids[task] = next(_task_counter)
-    return f"task-{number}"
+    owner = _owners.get(task)
+    if owner is None:
+        owner = _owners[task] = f"task-{next(_task_counter)}"
+        task.add_done_callback(_forget)
+    return owner
+
+
+def _forget(task: asyncio.Task[Any]) -> None:
+    _owners.pop(task, None)
 
 
 def detached_owner() -> str:
