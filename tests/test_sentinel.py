@@ -217,7 +217,9 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
         lease = await locks.lock("ro").acquire()
         await replicated(setup.replica.port, f"{prefix}:{{ro}}:x")
         new_port = await fail_over(setup)
-        # the old primary comes back (empty) as a replica of the new one
+        # the old primary comes back (empty) as a replica of the new one, once every
+        # sentinel knows of the failover
+        await asyncio.to_thread(setup.wait_sentinels_agree, new_port)
         setup.primary.extra += ["--replicaof", "127.0.0.1", str(new_port)]
         await asyncio.to_thread(setup.primary.restart_empty)
         admin = aioredis.Redis(host="127.0.0.1", port=old_port)

@@ -660,7 +660,13 @@ async def failover(target: Target, store_url: str, workdir: Path, settings: Sett
                 new_port = await loop.run_in_executor(None, setup.wait_failover, old_port)
             finally:
                 promoted_at = time.monotonic()
-            # back empty, as a replica of the new primary (as an operator would bring it back)
+            # back empty, as a replica of the new primary, once every sentinel knows of the
+            # failover (as an operator would bring it back)
+            try:
+                await loop.run_in_executor(None, setup.wait_sentinels_agree, new_port)
+            except RuntimeError as exc:
+                run.notes.append(f"{exc}: no more failovers")
+                break
             at = old.extra.index("--replicaof") if "--replicaof" in old.extra else None
             if at is not None:
                 del old.extra[at : at + 3]

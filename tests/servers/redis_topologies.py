@@ -63,11 +63,17 @@ class RedisNodes:
 
 
 class SentinelServer(ServerProcess):
-    """One redis-sentinel watching ``master`` at 127.0.0.1:``primary_port``."""
+    """One redis-sentinel watching ``master`` at 127.0.0.1:``primary_port``.
+
+    ``down_after_ms`` stays above the sentinel's ping period (1 s): at or below
+    it, a just-promoted primary is judged down before its first ping is
+    answered, and the sentinels fail over again, to whatever replica there is
+    (an old primary that came back empty), which loses every key.
+    """
 
     name = "sentinel"
 
-    def __init__(self, primary_port: int, master: str = "mymaster", quorum: int = 2, down_after_ms: int = 400) -> None:
+    def __init__(self, primary_port: int, master: str = "mymaster", quorum: int = 2, down_after_ms: int = 1500) -> None:
         super().__init__()
         binary = shutil.which("redis-sentinel") or shutil.which("redis-server")
         if binary is None:
@@ -166,6 +172,20 @@ class SentinelSetup:
 
     def server_on(self, port: int) -> RedisServer:
         return self.primary if self.primary.port == port else self.replica
+
+    def wait_sentinels_agree(self, port: int, timeout: float = 15) -> None:
+        """Wait until every running sentinel names ``port`` as the primary.
+
+        Bring an old primary back only then: a sentinel that has not heard of
+        the failover yet sees "its" primary report itself a replica and turns
+        it back into a primary, and two primaries serve clients at once.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(sentinel.primary_port() == port for sentinel in self.sentinels if sentinel.running):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the sentinels did not all name 127.0.0.1:{port} as the primary in time")
 
     def wait_failover(self, old_port: int, timeout: float = 30) -> int:
         """Wait until the sentinels name a new primary and it accepts writes; its port."""
