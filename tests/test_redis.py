@@ -5,6 +5,7 @@ no data, script cache flushed, pub/sub dropped) and the watchdog's batching."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -592,17 +593,23 @@ async def _lead(election: asynclock.Election) -> int | None:
         return term.token
 
 
+@contextlib.asynccontextmanager
+async def _observing(
+    url: str, *, ttl: float
+) -> AsyncIterator[tuple[asynclock.Locks, asynclock.Locks, AsyncIterator[asynclock.Leader | None]]]:
+    """A candidate's client, an observer's client, and the observer's changes of election "e"
+    (its first answer, nobody leads, already read)."""
+    async with asynclock.connect(url, ttl=ttl) as a, asynclock.connect(url, ttl=ttl) as watcher:
+        changes = watcher.election("e").observe()
+        assert await anext(changes) is None
+        yield a, watcher, changes
+
+
 async def test_an_observer_reads_again_after_its_pubsub_connection_is_made_again(redis_fresh: RedisServer) -> None:
     """A change of leader whose message the observer's client did not get (published while
     its pub/sub connection was down) is seen once that connection is back: the observer
     reads again after the resubscription, not a ttl later when the leader's hold expires."""
-    ttl = 30.0
-    async with (
-        asynclock.connect(redis_fresh.url, ttl=ttl) as a,
-        asynclock.connect(redis_fresh.url, ttl=ttl) as watcher,
-    ):
-        changes = watcher.election("e").observe()
-        assert await anext(changes) is None
+    async with _observing(redis_fresh.url, ttl=30.0) as (a, watcher, changes):
         election = a.election("e", identity="a")
         async with election.leadership() as term:
             seen = await asyncio.wait_for(anext(changes), scaled(5))
@@ -631,12 +638,7 @@ async def test_an_observer_of_a_server_that_goes_silent_ends_unavailable(redis_f
     """The leader's hold expires while the server is paused: the observer's read at that moment
     gets no answer, and the iteration ends with BackendUnavailable within about a ttl, not never."""
     ttl = 1.0
-    async with (
-        asynclock.connect(redis_fresh.url, ttl=ttl) as a,
-        asynclock.connect(redis_fresh.url, ttl=ttl) as watcher,
-    ):
-        changes = watcher.election("e").observe()
-        assert await anext(changes) is None
+    async with _observing(redis_fresh.url, ttl=ttl) as (a, _watcher, changes):
         with pytest.raises(asynclock.LockLost):
             async with a.election("e", identity="a").leadership() as term:
                 assert await asyncio.wait_for(anext(changes), scaled(5)) == asynclock.Leader("a", term.token, None)

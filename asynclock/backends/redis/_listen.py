@@ -18,7 +18,6 @@ sharded forms), or an error.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,8 @@ try:
     from redis import exceptions as redis_errors
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
+
+from .._takeover import TakeOver
 
 __all__ = ["Subscribed", "parse_reply"]
 
@@ -85,7 +86,7 @@ def _error(text: str) -> redis_errors.RedisError:
     return error if isinstance(error, redis_errors.RedisError) else redis_errors.ResponseError(text)
 
 
-class Subscribed(asyncio.Protocol):
+class Subscribed(TakeOver):
     """The protocol of a connected redis-py connection that only listens from now on.
 
     ``on_reply`` is called with each reply, in order, as it arrives. The
@@ -97,8 +98,6 @@ class Subscribed(asyncio.Protocol):
     def __init__(self, on_reply: OnReply) -> None:
         self._on_reply = on_reply
         self._buffer = bytearray()
-        self._transport: Any = None
-        self._previous: Any = None
         loop = asyncio.get_running_loop()
         self._loop = loop
         #: Set (with the reason) once the connection cannot be read any more.
@@ -115,13 +114,7 @@ class Subscribed(asyncio.Protocol):
         if writer is None:
             raise redis_errors.ConnectionError("the pub/sub connection is not connected")
         self = cls(on_reply)
-        transport = writer.transport
-        self._transport = transport
-        self._previous = transport.get_protocol()
-        transport.set_protocol(self)
-        leftover = bytes(getattr(reader, "_buffer", b"") or b"")
-        if leftover:
-            self.data_received(leftover)
+        self.take_over(reader, writer)
         return self
 
     # -- the transport's calls ------------------------------------------------------
@@ -152,19 +145,8 @@ class Subscribed(asyncio.Protocol):
             return
         del buffer[:pos]
 
-    def eof_received(self) -> bool:
-        self._end(redis_errors.ConnectionError("the server closed the pub/sub connection"))
-        return False  # the transport closes itself
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        why = f"pub/sub connection lost: {exc!r}" if exc else "pub/sub connection closed"
-        self._end(redis_errors.ConnectionError(why))
-        previous = self._previous
-        if previous is not None:
-            # redis-py's disconnect waits for its own protocol to learn of the close.
-            self._previous = None
-            with contextlib.suppress(Exception):
-                previous.connection_lost(exc)
+    def _lost(self, why: str) -> None:
+        self._end(redis_errors.ConnectionError(f"pub/sub connection {why}"))
 
     def pause_writing(self) -> None:
         """A few commands at most are written: nothing to hold back."""

@@ -19,6 +19,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
+from .._takeover import TakeOver
 from ._wire import FRAME_SIZE, PING_XID, REPLY_HEADER, ZkConnectionLoss
 
 __all__ = ["Conn", "Frames", "Handshake", "Pending", "WatchCallback", "handshake"]
@@ -118,7 +119,7 @@ class Conn:
                 _run_callback(callback, "disconnected")
 
 
-class Frames(asyncio.Protocol):
+class Frames(TakeOver):
     """The reader of an established connection: each reply frame is handled where its bytes arrive.
 
     After the handshake (read as a stream) the transport gets this protocol,
@@ -133,8 +134,6 @@ class Frames(asyncio.Protocol):
         self._host = host
         self._on_frame = on_frame
         self._buffer = bytearray()
-        self._transport: Any = None
-        self._previous: Any = None
         self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     @classmethod
@@ -143,13 +142,7 @@ class Frames(asyncio.Protocol):
     ) -> Frames:
         """Read ``writer``'s connection with a new ``Frames`` from now on (bytes the stream holds first)."""
         self = cls(host, on_frame)
-        transport = writer.transport
-        self._transport = transport
-        self._previous = transport.get_protocol()
-        transport.set_protocol(self)
-        leftover = bytes(getattr(reader, "_buffer", b"") or b"")
-        if leftover:
-            self.data_received(leftover)
+        self.take_over(reader, writer)
         return self
 
     def _end(self, reason: str) -> None:
@@ -181,17 +174,8 @@ class Frames(asyncio.Protocol):
                 return
         del buffer[:pos]
 
-    def eof_received(self) -> bool:
-        self._end(f"connection to {self._host} lost: closed by the server")
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._end(f"connection to {self._host} lost: {exc!r}")
-        previous, self._previous = self._previous, None
-        if previous is not None:
-            # the stream's protocol learns of the close too (its writer may be waited on)
-            with contextlib.suppress(Exception):
-                previous.connection_lost(exc)
+    def _lost(self, why: str) -> None:
+        self._end(f"connection to {self._host} {why}")
 
 
 @dataclass(frozen=True, slots=True)

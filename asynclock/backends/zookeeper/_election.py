@@ -19,10 +19,10 @@ a data change).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from ..._values import Leader
+from .._reread import RereadWatch
 from ._order import contenders_of
 from ._session import WatchCallback, ZkSession
 from ._wire import NO_NODE, ZkError, children_request, exists_request, get_data_request, map_errors
@@ -85,7 +85,7 @@ async def read_leader(
         return Leader(identity, int(data.stat.created_zxid), None), False
 
 
-class ZkLeaderWatch:
+class ZkLeaderWatch(RereadWatch):
     """The leader of one election after each change (``Elects.observe``): a read after every watch event.
 
     Watches are one-shot and say only that something changed, so changes
@@ -96,43 +96,31 @@ class ZkLeaderWatch:
     """
 
     def __init__(self, session: ZkSession, path: str, window: float, where: Callable[[], str]) -> None:
+        super().__init__()
         self._where = where
         self._session = session
         self._path = path
         self._window = window
-        self._stale = True
-        self._event: asyncio.Event | None = None
         self._armed: set[tuple[str, str]] = set()
 
-    def _wake(self, what: str) -> None:
-        self._stale = True
-        if self._event is not None:
-            self._event.set()
+    def _fired(self, what: str) -> None:
+        self.wake()
 
-    async def next(self) -> Leader | None:
-        if self._event is None:
-            self._event = asyncio.Event()
-        while not self._stale:
-            self._event.clear()
-            await self._event.wait()
-        self._stale = False
+    async def _join(self) -> None:
+        """Nothing to join: each read arms the watches it needs."""
+
+    def _leave(self) -> None:
         self._unarm()
-        try:
-            with map_errors(self._where):
-                await self._session.wait_connected(self._window)
-                leader, again = await read_leader(self._session, self._path, self._wake, self._armed)
-        except BaseException:
-            self._stale = True  # what was armed may have gone with the connection: read again next time
-            raise
-        self._stale = self._stale or again
-        return leader
+
+    async def _read(self) -> tuple[Leader | None, float | None]:
+        self._unarm()  # (what was armed may have gone with the connection: armed again by this read)
+        with map_errors(self._where):
+            await self._session.wait_connected(self._window)
+            leader, again = await read_leader(self._session, self._path, self._fired, self._armed)
+        return leader, (0.0 if again else None)
 
     def _unarm(self) -> None:
         session = self._session
         for kind, path in self._armed:
-            session.unwatch(kind, path, self._wake)
+            session.unwatch(kind, path, self._fired)
         self._armed.clear()
-
-    def close(self) -> None:
-        self._unarm()
-        self._stale = True
