@@ -89,7 +89,7 @@ class Locks:
         self._deadlines = Deadlines()
 
     def __repr__(self) -> str:
-        return f"<Locks {self._backend.kind} client={self.client_id}>"
+        return f"<Locks {self._backend.scheme} client={self.client_id}>"
 
     @property
     def backend(self) -> Any:

@@ -126,7 +126,7 @@ class Election:
         backend = locks._backend
         backend.check_kind("election")  # (a backend without elections may say why)
         if not isinstance(backend, Elects):
-            raise unsupported(backend.kind, "election", "see the docs' backends table for those that have it")
+            raise unsupported(backend.scheme, "election", "see the docs' backends table for those that have it")
         self._locks = locks
         self.name = name
         self.ttl = ttl

@@ -62,7 +62,7 @@ async def _collect(locks: Locks, names: Sequence[str], kind: str) -> list[LockIn
             lister = getattr(locks.backend, "names", None)
             if lister is None or kind != "lock":
                 what = "locks" if kind == "lock" else f"{kind} primitives"
-                raise ValueError(f"the {locks.backend.kind} backend cannot list its {what}: name them")
+                raise ValueError(f"the {locks.backend.scheme} backend cannot list its {what}: name them")
             wanted = sorted(await lister())
         return [await handle(locks, kind, name).info() for name in wanted]
 

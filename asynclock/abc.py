@@ -205,8 +205,8 @@ class BackendHooks(Protocol):
 class Backend(Protocol):
     """The requests every backend answers."""
 
-    #: URL scheme family, e.g. ``"redis"``; shown in ``repr`` and logs.
-    kind: str
+    #: The URL scheme that names this backend, e.g. ``"redis"``; shown in ``repr`` and errors.
+    scheme: str
 
     def check_kind(self, kind: Kind) -> None:
         """Raise ``NotImplementedError`` if this backend lacks the primitive ``kind``; no I/O."""

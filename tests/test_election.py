@@ -441,7 +441,7 @@ async def test_a_backend_without_elections_refuses_before_any_io(url: str, why: 
     locks = asynclock.connect(url)
     try:
         with pytest.raises(
-            NotImplementedError, match=re.escape(f"the {locks.backend.kind} backend does not provide leader")
+            NotImplementedError, match=re.escape(f"the {locks.backend.scheme} backend does not provide leader")
         ) as refused:
             locks.election("e")
         assert why in str(refused.value)

@@ -53,7 +53,7 @@ def faults(locks: Locks) -> Faults:
 
     backend = locks.backend
     if not isinstance(backend, MemoryBackend):
-        raise TypeError(f"fault controls are for memory:// clients, not {backend.kind}://")
+        raise TypeError(f"fault controls are for memory:// clients, not {backend.scheme}://")
     return Faults(backend)
 
 

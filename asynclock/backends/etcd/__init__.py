@@ -108,7 +108,7 @@ class EtcdBackend:
     ``connect_timeout`` bounds connecting.
     """
 
-    kind = "etcd"
+    scheme = "etcd"
 
     def __init__(
         self,

@@ -84,7 +84,7 @@ class MemoryBackend:
     are FIFO queues granted in the table (a grant wakes its waiter directly).
     """
 
-    kind = "memory"
+    scheme = "memory"
 
     def __init__(self, *, prefix: str = "asynclock") -> None:
         self._prefix = prefix

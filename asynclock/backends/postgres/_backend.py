@@ -49,7 +49,7 @@ def _retrieve_outcome(task: asyncio.Task[Any]) -> None:
 class PostgresBackend:
     """Locks on one PostgreSQL server: advisory locks held by a few shared sessions, waiters in a queue table."""
 
-    kind = "postgres"
+    scheme = "postgres"
 
     def __init__(
         self,

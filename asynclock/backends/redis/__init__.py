@@ -63,7 +63,7 @@ class RedisBackend:
                 ...
     """
 
-    kind = "redis"
+    scheme = "redis"
 
     def __init__(
         self,
@@ -183,7 +183,7 @@ class RedisBackend:
         """Every primitive; with ``replicas=`` the plain and fair lock and elections only."""
         if self.connection.replicas and kind in ("read", "write", "semaphore"):
             raise unsupported(
-                self.kind,
+                self.scheme,
                 kind,
                 "not with replicas= (its hand-overs are not confirmed by the replicas): connect without it",
             )

@@ -119,7 +119,7 @@ class ClusterBackend:
                 ...
     """
 
-    kind = "redis+cluster"
+    scheme = "redis+cluster"
 
     def __init__(
         self,
@@ -229,7 +229,7 @@ class ClusterBackend:
         """The plain lock and leader elections."""
         if kind not in ("lock", "election"):
             raise unsupported(
-                self.kind,
+                self.scheme,
                 kind,
                 "use a single Redis server (redis://) or Sentinel (redis+sentinel://) for the fair lock, "
                 "read-write lock and semaphore",

@@ -100,7 +100,7 @@ class RedlockBackend:
     absent for that request.
     """
 
-    kind = "redlock"
+    scheme = "redlock"
 
     def __init__(
         self,
@@ -211,7 +211,7 @@ class RedlockBackend:
         """Only the plain lock."""
         if kind == "election":
             raise unsupported(
-                self.kind,
+                self.scheme,
                 kind,
                 "an election needs one line of candidates and a token that grows from leader to leader, and "
                 "independent nodes keep neither (each orders its own line, and Redlock has no safe fencing "
@@ -219,7 +219,7 @@ class RedlockBackend:
                 "(redis+cluster://), ZooKeeper, etcd or PostgreSQL",
             )
         if kind != "lock":
-            raise unsupported(self.kind, kind, "use several redis:// locks or a redis:// primitive")
+            raise unsupported(self.scheme, kind, "use several redis:// locks or a redis:// primitive")
 
     def lock_key(self, ref: LockRef) -> str:
         return self._nodes[0].key(ref.name)

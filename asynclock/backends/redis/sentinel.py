@@ -138,7 +138,7 @@ class SentinelBackend(RedisBackend):
                 ...
     """
 
-    kind = "redis+sentinel"
+    scheme = "redis+sentinel"
 
     def __init__(
         self,

@@ -116,7 +116,7 @@ class ZooKeeperBackend:
     The chroot must exist.
     """
 
-    kind = "zookeeper"
+    scheme = "zookeeper"
 
     def __init__(
         self,
