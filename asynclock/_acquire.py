@@ -38,10 +38,7 @@ from ._release import release_by_identity, settle
 from ._timing import REQUEST_WINDOW, Backoff, request_window
 from .abc import Acquired, Busy, LockRef, Queued, Queues
 
-__all__ = ["CLOSED", "Want", "acquire_new"]
-
-#: Why an acquire in progress ends when its client is closed.
-CLOSED = "the Locks client was closed while this acquire was in progress"
+__all__ = ["Want", "acquire_new"]
 
 
 class _HoldRetired(Exception):
@@ -54,11 +51,13 @@ class _HoldRetired(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Want:
-    """What a handle's acquires ask for: the request ``ref``, the lock as held for re-entry ``key``, the ttl."""
+    """What a handle's acquires ask for: the request ``ref``, the lock as held for re-entry
+    ``key``, the ttl, and the longest one hold may last (None: no cap)."""
 
     ref: LockRef
     key: LockRef
     ttl: float
+    max_hold: float | None = None
 
     @property
     def name(self) -> str:
@@ -75,6 +74,7 @@ class _InQueue:
 
 async def acquire_new(core: Core, lock: Want, owner: str, timeout: float | None) -> Lease:
     """A new hold of ``lock`` for ``owner``, within ``timeout`` seconds (None: no limit)."""
+    core.check_accepting()
     backend = core.backend
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -109,8 +109,8 @@ async def acquire_new(core: Core, lock: Want, owner: str, timeout: float | None)
         while True:
             if waiter is not None:
                 waiter.clear()
-            if core.closed:
-                raise BackendUnavailable(CLOSED)
+            if core.closed or core.closing:
+                raise core.closed_error()
             result = await _attempt(core, lock, hold, owner, server_deadline, enqueue)
             if isinstance(result, Lease):
                 return _got(core, result, started)
@@ -218,7 +218,7 @@ async def _granted(core: Core, lease: Lease, result: Acquired, *, acquired_at: f
     """Hold ``lease`` (the server granted it): from now on the keeper renews it."""
     loop = asyncio.get_running_loop()
     lease.token = result.token
-    if core.closed:
+    if core.closed or core.closing:
         await _give_back_closed(core, lease)
     lease._acquired_at = acquired_at
     if result.confirmed_at is not None:
@@ -248,7 +248,7 @@ async def _wait_in_queue(
         core.spawn(release_by_identity(backend, lease, raise_errors=False))
 
     while True:
-        if core.closed:
+        if core.closed or core.closing:
             # (queued by a try answered after the close began): out of the queue
             # before saying so, as a grant answered then is given back
             core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
@@ -266,7 +266,7 @@ async def _wait_in_queue(
             await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False), window)
             if wait.closed and wait.task.uncancel() == 0:
                 core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
-                raise BackendUnavailable(CLOSED) from None
+                raise core.closed_error() from None
             raise
         except (LockError, OSError, TimeoutError) as exc:
             now = loop.time()
@@ -347,4 +347,4 @@ async def _give_back_closed(core: Core, lease: Lease) -> NoReturn:
     give_up = asyncio.get_running_loop().time() + 2 * REQUEST_WINDOW
     task = core.spawn(release_by_identity(core.backend, lease, raise_errors=False, give_up=give_up))
     await asyncio.shield(task)
-    raise BackendUnavailable(CLOSED)
+    raise core.closed_error()

@@ -57,6 +57,7 @@ class Lease:
         "_acquired_at",
         "_at_risk",
         "_backoff",
+        "_cap",
         "_cohort",
         "_expires_at",
         "_hold",
@@ -131,6 +132,8 @@ class Lease:
         # The task that owns the hold, while it is watched for ending still holding it.
         self._owner_task: asyncio.Task[Any] | None = None
         self._owner_done: Callable[[asyncio.Task[Any]], None] | None = None
+        # the loop timer that ends the hold at its handle's max_hold
+        self._cap: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         state = f"lost: {self._reason}" if self._reason else f"holds={self.hold_count}"
@@ -275,11 +278,13 @@ class Lease:
         self._cancel_bodies()
         self._on_lost(self, reason, loss)
 
-    def _close(self, reason: str, spare_owner: str | None) -> None:
+    def _close(self, reason: str, spare_owner: str | None, loss: LossReason = LossReason.CLIENT_CLOSED) -> None:
         """Lost because the client is closing: cancel the bodies under it, except
         ``spare_owner``'s (the task that closes the client, which would cut its own
-        close short; it gets LockLost when it leaves its block)."""
-        self._mark_lost(reason, LossReason.CLIENT_CLOSED)
+        close short; it gets LockLost when it leaves its block). Nothing if it is lost already."""
+        if self._reason is not None:
+            return
+        self._mark_lost(reason, loss)
         if self.owner != spare_owner:
             self._cancel_bodies()
 
@@ -306,6 +311,20 @@ class Lease:
     def _keep_until(self, until: float) -> None:
         """Each renewal makes the server keep the hold until the loop time ``until`` (and a window), no longer."""
         self._hold_until = until
+
+    def _cap_at(self, when: float) -> None:
+        """Lose the lease at the loop time ``when`` (its handle's ``max_hold``), unless it ends before."""
+        if self._cap is None and self._held:
+            self._cap = asyncio.get_running_loop().call_at(when, self._capped)
+
+    def _capped(self) -> None:
+        self._cap = None
+        self._lose("max_hold", LossReason.MAX_HOLD)
+
+    def _uncap(self) -> None:
+        if self._cap is not None:
+            self._cap.cancel()
+            self._cap = None
 
     def _cancel_bodies(self) -> None:
         """Cancel every ``async with`` body that runs under this lease."""

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Coroutine, Generator
 from types import TracebackType
+from typing import Any
 
 import anyio
 
@@ -27,7 +29,7 @@ from ._validate import check_timeout
 from ._values import LockInfo, LossReason
 from .abc import LockRef
 
-__all__ = ["Lock", "RWLock", "ReadLock", "Semaphore", "WriteLock"]
+__all__ = ["Acquiring", "Lock", "RWLock", "ReadLock", "Semaphore", "WriteLock"]
 
 logger = logging.getLogger("asynclock")
 
@@ -54,7 +56,9 @@ class Lock:
 
     __slots__ = ("_core", "_key", "_ref", "_scopes", "_want", "name")
 
-    def __init__(self, core: Core, ref: LockRef, ttl: float, *, key: LockRef | None = None) -> None:
+    def __init__(
+        self, core: Core, ref: LockRef, ttl: float, *, key: LockRef | None = None, max_hold: float | None = None
+    ) -> None:
         backend = core.backend
         backend.check_kind(ref.kind)  # NotImplementedError before any I/O
         self._core = core
@@ -68,7 +72,7 @@ class Lock:
             same = ref.kind != "lock" and backend.lock_key(ref) == backend.lock_key(plain)
             key = plain if same else ref
         self._key = key
-        self._want = Want(ref, key, ttl)
+        self._want = Want(ref, key, ttl, max_hold)
         self._scopes: dict[str, list[tuple[Lease, anyio.CancelScope]]] = {}
 
     def __repr__(self) -> str:
@@ -79,6 +83,11 @@ class Lock:
     def ttl(self) -> float:
         """The lease time of this lock's holds, in seconds."""
         return self._want.ttl
+
+    @property
+    def max_hold(self) -> float | None:
+        """The longest one hold of this lock may last, in seconds (None: no cap)."""
+        return self._want.max_hold
 
     @property
     def key(self) -> str:
@@ -112,14 +121,16 @@ class Lock:
             info = dataclasses.replace(info, holders=(info.owner,))
         return info
 
-    async def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Lease:
-        """Wait until this task holds the lock and return the Lease.
+    def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Acquiring:
+        """Wait until this task holds the lock: ``lease = await lock.acquire()``, or
+        ``async with lock.acquire(timeout=5) as lease:`` (released when the block ends).
 
         ``timeout=None`` waits forever, ``timeout=0`` tries once. Raises
         :class:`LockTimeout` when the time runs out, :class:`BackendUnavailable`
         when the server could not be reached in that time,
         :class:`ConfigurationError` at once when the server refuses this
         client's configuration. Cancelling the caller never leaves the lock held.
+        Bad arguments raise TypeError / ValueError here, before any I/O.
 
         The hold belongs to the calling task: the same task acquiring again
         re-enters it, and if the task ends while still holding it the hold is
@@ -127,23 +138,43 @@ class Lock:
         event. (So do not wrap this call in a task of its own, as
         ``asyncio.wait_for`` does on Python 3.11: use ``timeout=``.)
 
+        Entered with ``async with``, the body runs as under ``async with lock``:
+        it is cancelled if the lease is lost (and the block raises
+        :class:`LockLost`), and the lock is released when it ends.
+
         ``detached=True`` makes a lease that belongs to no task: no re-entry,
         kept alive until ``await lease.release()``, its loss, or the client's
-        close. It is the way to keep a lock across requests of a web service.
+        close. It is the way to keep a lock across requests of a web service
+        (awaited only: a detached lease outlives blocks).
+
+        Example::
+
+            try:
+                async with lock.acquire(timeout=5) as lease:
+                    await charge(order, fencing_token=lease.token)
+            except asynclock.LockTimeout:
+                ...  # somebody else held it for 5 s
         """
         timeout = check_timeout(timeout)
         if not isinstance(detached, bool):
             raise TypeError(f"detached must be a bool, not {type(detached).__name__}")
+        return Acquiring(self, timeout, detached)
+
+    async def _acquire(self, timeout: float | None, detached: bool) -> Lease:
         core = self._core
         await core.start()
+        want = self._want
         if detached:
-            return await acquire_new(core, self._want, detached_owner(), timeout)
-        owner = current_owner()
-        held = core.holds.get(self._key, owner)
-        if held is not None:
-            return await self._reenter(held)
-        lease = await acquire_new(core, self._want, owner, timeout)
-        core.watch_owner(lease)
+            lease = await acquire_new(core, want, detached_owner(), timeout)
+        else:
+            owner = current_owner()
+            held = core.holds.get(self._key, owner)
+            if held is not None:
+                return await self._reenter(held)
+            lease = await acquire_new(core, want, owner, timeout)
+            core.watch_owner(lease)
+        if want.max_hold is not None:
+            core.cap(lease, want.max_hold)
         return lease
 
     async def release(self) -> None:
@@ -165,9 +196,18 @@ class Lock:
         await core.release(lease)
 
     async def __aenter__(self) -> Lease:
-        lease = await self.acquire()
+        lease = await self._acquire(None, False)
         self._enter_body(lease)
         return lease
+
+    def __enter__(self) -> None:
+        raise TypeError(f"{type(self).__name__} is entered with 'async with', not 'with'")
+
+    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ always raises
+        return None
+
+    def __await__(self) -> Generator[Any, None, Lease]:
+        raise TypeError(f"a {type(self).__name__} is not awaited: use 'await lock.acquire()' or 'async with lock'")
 
     def _enter_body(self, lease: Lease) -> None:
         """A body starts under ``lease``: it runs in a cancel scope that the lease's loss cancels."""
@@ -190,6 +230,7 @@ class Lock:
         if not stack:
             del self._scopes[owner]
         lease._remove_body(scope)
+        self._core.body_ended()
         lease._check_deadline()  # the watchdog stalled or kept failing
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
         if lease._released and not lease.lost:
@@ -259,6 +300,61 @@ class Lock:
             raise LockLost(self.name, lease.lost_reason or "lost")
 
 
+class Acquiring(Coroutine[Any, Any, Lease]):
+    """What :meth:`Lock.acquire` returns: awaited, the lease; entered with ``async with``, a held block.
+
+    ``lease = await lock.acquire(timeout=5)`` waits for the lock and returns
+    the :class:`Lease` (released with ``await lock.release()``);
+    ``async with lock.acquire(timeout=5) as lease:`` waits the same way, runs
+    the block under the lease (cancelled if it is lost, :class:`LockLost`
+    raised then) and releases the lock when the block ends.
+    """
+
+    __slots__ = ("_coro", "_detached", "_lock", "_timeout")
+
+    def __init__(self, lock: Lock, timeout: float | None, detached: bool) -> None:
+        self._lock = lock
+        self._timeout = timeout
+        self._detached = detached
+        self._coro: Coroutine[Any, Any, Lease] | None = None
+
+    # A coroutine as well, so that asyncio.create_task(lock.acquire()) works as it always has.
+
+    def _acquiring(self) -> Coroutine[Any, Any, Lease]:
+        if self._coro is None:
+            self._coro = self._lock._acquire(self._timeout, self._detached)
+        return self._coro
+
+    def __await__(self) -> Generator[Any, None, Lease]:
+        return self._acquiring().__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._acquiring().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._acquiring().throw(*args)
+
+    def close(self) -> None:
+        if self._coro is not None:
+            self._coro.close()
+
+    async def __aenter__(self) -> Lease:
+        lock = self._lock
+        if self._detached:
+            raise TypeError(
+                "a detached lease belongs to no block: 'lease = await lock.acquire(detached=True)',"
+                " then 'await lease.release()'"
+            )
+        lease = await lock._acquire(self._timeout, False)
+        lock._enter_body(lease)
+        return lease
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        return await self._lock.__aexit__(exc_type, exc, tb)
+
+
 class Semaphore(Lock):
     """At most ``permits`` holders at once, across every client; made by ``locks.semaphore(name, permits=N)``.
 
@@ -271,8 +367,8 @@ class Semaphore(Lock):
 
     __slots__ = ("permits",)
 
-    def __init__(self, core: Core, name: str, ttl: float, permits: int) -> None:
-        super().__init__(core, LockRef("semaphore", name, permits), ttl)
+    def __init__(self, core: Core, name: str, ttl: float, permits: int, max_hold: float | None = None) -> None:
+        super().__init__(core, LockRef("semaphore", name, permits), ttl, max_hold=max_hold)
         self.permits = permits
 
     def __repr__(self) -> str:
@@ -289,7 +385,7 @@ class WriteLock(Lock):
     def __repr__(self) -> str:
         return f"<RWLock {self.name!r} write ttl={self.ttl}>"
 
-    async def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Lease:
+    async def _acquire(self, timeout: float | None, detached: bool) -> Lease:
         owner = current_owner()
         holds = self._core.holds
         if not detached and holds.get(self._key, owner) is None and holds.get(self._read._key, owner) is not None:
@@ -300,7 +396,7 @@ class WriteLock(Lock):
                 "lock; an upgrade would deadlock. Release the read lock first (or take the write lock "
                 "from the start: its holder may also take the read lock)."
             )
-        return await super().acquire(timeout=timeout, detached=detached)
+        return await super()._acquire(timeout, detached)
 
     @property
     def held(self) -> bool:
@@ -335,8 +431,8 @@ class ReadLock(Lock):
 
     __slots__ = ("_write",)
 
-    def __init__(self, core: Core, name: str, ttl: float, write: WriteLock) -> None:
-        super().__init__(core, LockRef("read", name), ttl)
+    def __init__(self, core: Core, name: str, ttl: float, write: WriteLock, max_hold: float | None = None) -> None:
+        super().__init__(core, LockRef("read", name), ttl, max_hold=max_hold)
         self._write = write
 
     def __repr__(self) -> str:
@@ -349,8 +445,7 @@ class ReadLock(Lock):
             return self._write._holding()
         return super().held
 
-    async def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Lease:
-        check_timeout(timeout)
+    async def _acquire(self, timeout: float | None, detached: bool) -> Lease:
         owner = current_owner()
         holds = self._core.holds
         if not detached and holds.get(self._key, owner) is None:
@@ -359,7 +454,7 @@ class ReadLock(Lock):
                 lease = await self._write._reenter(writing)
                 holds.join(self.name, owner)
                 return lease
-        return await super().acquire(timeout=timeout, detached=detached)
+        return await super()._acquire(timeout, detached)
 
     async def release(self) -> None:
         owner = current_owner()
@@ -391,11 +486,11 @@ class RWLock:
 
     __slots__ = ("name", "read", "ttl", "write")
 
-    def __init__(self, core: Core, name: str, ttl: float) -> None:
+    def __init__(self, core: Core, name: str, ttl: float, max_hold: float | None = None) -> None:
         self.name = name
         self.ttl = ttl
-        self.write = WriteLock(core, LockRef("write", name), ttl)
-        self.read = ReadLock(core, name, ttl, self.write)
+        self.write = WriteLock(core, LockRef("write", name), ttl, max_hold=max_hold)
+        self.read = ReadLock(core, name, ttl, self.write, max_hold)
         self.write._read = self.read
 
     def __repr__(self) -> str:

@@ -43,6 +43,16 @@ def check_ttl(ttl: object) -> float:
     return number
 
 
+def check_max_hold(max_hold: object) -> float | None:
+    """None (no cap), or a positive finite number of seconds."""
+    if max_hold is None:
+        return None
+    number = _number(max_hold, "max_hold")
+    if math.isinf(number) or number <= 0:
+        raise ValueError(f"max_hold must be a positive finite number of seconds or None, got {max_hold!r}")
+    return number
+
+
 def check_timeout(timeout: object) -> float | None:
     if timeout is None:
         return None

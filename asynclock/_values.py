@@ -20,6 +20,33 @@ class LossReason(enum.StrEnum):
     CONNECTION_LOST = "connection_lost"
     #: The client was closed while the lock was held.
     CLIENT_CLOSED = "client_closed"
+    #: The hold lasted its handle's ``max_hold``: its body was cancelled and the lock released.
+    MAX_HOLD = "max_hold"
+    #: The client was closing (``aclose(drain=...)``) and the body did not end within the drain.
+    CLOSING = "closing"
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What ``await locks.health()`` says of a client: for readiness and liveness probes.
+
+    ``ok`` is whether a round trip to the backend succeeded within the
+    client's connect timeout, ``latency`` how many seconds it took (None if
+    it failed), ``held`` how many leases the client holds, ``at_risk`` how
+    many of them have a failed renewal, and ``error`` why it is not ok (None
+    when ok).
+    """
+
+    ok: bool
+    """Whether the backend answered within the connect timeout."""
+    latency: float | None
+    """Seconds the round trip took; None if it failed."""
+    held: int
+    """Leases this client holds."""
+    at_risk: int
+    """Of them, how many have a failed renewal (their holders may be cancelled soon)."""
+    error: str | None
+    """Why it is not ok; None when ok."""
 
 
 @dataclass(frozen=True, slots=True)

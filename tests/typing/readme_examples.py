@@ -44,6 +44,20 @@ async def manual() -> None:
         print(held, owner, reason, lease.hold_count, lease.expires_at, lease.name)
 
 
+async def wait_at_most() -> None:
+    async with asynclock.connect("memory://") as locks:
+        lock = locks.lock("orders:42", max_hold=600)
+        cap: float | None = lock.max_hold
+        async with lock.acquire(timeout=5) as lease:
+            token: int | None = lease.token
+            print(cap, token)
+        rw = locks.rw_lock("catalog", max_hold=60)
+        async with rw.read.acquire(timeout=5), locks.semaphore("s", permits=2).acquire(timeout=5) as permit:
+            print(permit.token)
+        task: asyncio.Task[asynclock.Lease] = asyncio.create_task(lock.acquire())
+        await (await task).release()
+
+
 def on_event(event: asynclock.LockEvent) -> None:
     wait: float | None = event.wait_s
     print(event.kind, event.name, event.owner, event.token, wait, event.held_s, event.reason)
