@@ -13,33 +13,36 @@ Nothing here imports a handle or the client: they import this.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import secrets
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._errors import NotHeld
+from ._errors import BackendUnavailable, NotHeld
 from ._events import EventCallback, Events
 from ._holds import Holds
 from ._keeper import LeaseKeeper
 from ._lease import Lease
 from ._owner import current_owner
 from ._release import release_by_identity
-from ._timing import REQUEST_WINDOW, Deadlines
+from ._timing import Deadlines
 from ._validate import check_ttl
 from ._values import LossReason
 from ._wake import WakeHub
 from .abc import Backend, BoundsTtl, Notifies
 
-__all__ = ["CLIENT_CLOSED", "Core", "Wait"]
+__all__ = ["CLIENT_CLOSED", "CLIENT_CLOSING", "CLOSED", "Core", "Wait"]
 
 logger = logging.getLogger("asynclock")
 
 #: What every call on a closed client raises.
 CLIENT_CLOSED = "client is closed"
+#: What a new acquire, or one waiting, raises while the client drains before it closes.
+CLIENT_CLOSING = "client is closing"
+#: Why an acquire in progress ends when its client is closed.
+CLOSED = "the Locks client was closed while this acquire was in progress"
 
 
 class Wait:
@@ -76,6 +79,7 @@ class Core:
 
     __slots__ = (
         "_background",
+        "_closer",
         "_hold_seq",
         "_loop",
         "_start_lock",
@@ -83,18 +87,29 @@ class Core:
         "_waits",
         "_waits_ended",
         "backend",
+        "body_left",
         "closed",
+        "closing",
         "deadlines",
         "events",
+        "giving_back",
         "holds",
         "hub",
         "keeper",
+        "loop_end",
         "notifies",
         "ttl",
     )
 
-    def __init__(self, backend: Backend, ttl: float, on_event: EventCallback | None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        ttl: float,
+        on_event: EventCallback | None,
+        closer: Callable[[Core, float | None], Awaitable[None]],
+    ) -> None:
         self.backend = backend
+        self._closer = closer
         self.notifies = isinstance(backend, Notifies)
         self.ttl = ttl
         self.events = Events(secrets.token_hex(8), on_event)
@@ -103,6 +118,15 @@ class Core:
         self.keeper: LeaseKeeper | None = None
         self.hub: WakeHub | None = None
         self.closed = False
+        # a drain is under way: new acquires and queued waits end with RuntimeError("client is closing")
+        self.closing = False
+        # set while a drain waits, when a body under a lease of this client ends
+        self.body_left: asyncio.Event | None = None
+        # releases under way in the background (an abandoned or lost hold): a close at the
+        # loop's end does again those that the loop's shutdown cancelled
+        self.giving_back: dict[Lease, asyncio.Task[Any]] = {}
+        # an async generator the loop finalizes when it shuts down: a client never closed closes then
+        self.loop_end: AsyncGenerator[None, None] | None = None
         self._waits: dict[asyncio.Task[Any], Wait] = {}
         self._waits_ended: asyncio.Event | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -121,6 +145,18 @@ class Core:
     def check_open(self) -> None:
         if self.closed:
             raise RuntimeError(CLIENT_CLOSED)
+
+    def check_accepting(self) -> None:
+        """Refuse a new hold once the client is closing or closed."""
+        if self.closing:
+            raise RuntimeError(CLIENT_CLOSING)
+        self.check_open()
+
+    def closed_error(self) -> Exception:
+        """What an acquire that the close ended raises: the client is closing (a drain), or closed."""
+        if self.closing:
+            return RuntimeError(CLIENT_CLOSING)
+        return BackendUnavailable(CLOSED)
 
     def check_ttl(self, ttl: float | None) -> float:
         """A handle's ttl: the client's when None; else checked, and refused (no I/O) if the backend cannot carry it."""
@@ -151,60 +187,23 @@ class Core:
                 self.hub = hub
                 on_renewed = self._renewed if self.events.callback is not None else None
                 self.keeper = LeaseKeeper(backend, on_renewed, self._lease_at_risk)
+                self.loop_end = self._at_loop_end()
+                await anext(self.loop_end)  # the loop now finalizes it when it shuts down
             return self.keeper
 
-    async def close(self) -> None:
-        """Release every held lease, end the waits, stop the watchdog and listeners, close the backend."""
-        if self.closed:
-            return
-        self.closed = True
-        for timer in self._timers:
-            timer.cancel()  # what they were due to release is released below
-        self._timers.clear()
-        if self.hub is not None:
-            self.hub.wake_all()  # waiting acquires of other tasks see the client closed
-        waiting = list(self._waits.values())
-        for wait in waiting:
-            wait.closed = True  # the acquire turns this cancellation into BackendUnavailable
-            wait.task.cancel()
-        if self.keeper is not None:
-            await self._release_all(self.keeper)
-        if waiting and self._waits:
-            # Let the cancelled waits leave their queues (they start their clean-ups) first.
-            self._waits_ended = asyncio.Event()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(2 * REQUEST_WINDOW):
-                    await self._waits_ended.wait()
-        if self._background:
-            _, pending = await asyncio.wait(list(self._background), timeout=2 * REQUEST_WINDOW)
-            for task in pending:
-                task.cancel()
-        if self._loop is not None:
-            await self.backend.aclose()
+    async def _at_loop_end(self) -> AsyncGenerator[None, None]:
+        """Suspended for the client's life; the loop's shutdown (``asyncio.run`` ending) closes it,
+        and a client not closed by then is closed here, while the loop still runs."""
+        try:
+            yield
+        finally:
+            self.loop_end = None
+            if not self.closed:
+                await self.close()
 
-    async def _release_all(self, keeper: LeaseKeeper) -> None:
-        leases = keeper.holds()
-        me = current_owner()
-        now = asyncio.get_running_loop().time()
-        for lease in leases:
-            keeper.remove(lease)
-            self.forget(lease)
-        # A singleton job's lock stays held until its at_least has passed: its last
-        # renewal made the server's hold last that long (a session's ends with it).
-        leases = [lease for lease in leases if not lease._kept_past(now)]
-        for lease in leases:
-            # Like a loss: every body under it is cancelled before the
-            # release below lets anybody else in.
-            lease._close("the client was closed while the lock was held", spare_owner=me)
-        if leases:
-            # A courtesy to the next holder, bounded: a hold we cannot
-            # release now expires by itself (nobody renews it any more).
-            soon = asyncio.get_running_loop().time() + 2 * REQUEST_WINDOW
-            await asyncio.gather(
-                *(release_by_identity(self.backend, lease, raise_errors=False, give_up=soon) for lease in leases),
-                return_exceptions=True,
-            )
-        await keeper.aclose()
+    async def close(self, drain: float | None = None) -> None:
+        """Close the client (see :func:`asynclock._closing.close`, which the client gave)."""
+        await self._closer(self, drain)
 
     # -- tasks, timers and waits ---------------------------------------------------
 
@@ -218,6 +217,16 @@ class Core:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+    def give_back(self, lease: Lease) -> None:
+        """Release ``lease`` by its identity in the background (it is no longer held as far as this client goes)."""
+        task = self.spawn(release_by_identity(self.backend, lease, raise_errors=False))
+        self.giving_back[lease] = task
+        task.add_done_callback(lambda done: self._given_back(lease, done))
+
+    def _given_back(self, lease: Lease, task: asyncio.Task[Any]) -> None:
+        if self.giving_back.get(lease) is task and not task.cancelled():
+            del self.giving_back[lease]
 
     def later(self, when: float, callback: Callable[[], object]) -> None:
         """Call ``callback`` at the loop time ``when``, unless the client is closed first."""
@@ -252,10 +261,20 @@ class Core:
         keeper.add(lease)
         self.holds.add(lease)
 
+    def body_ended(self) -> None:
+        """A body under one of this client's leases ended (a drain waits for them)."""
+        if self.body_left is not None:
+            self.body_left.set()
+
     def forget(self, lease: Lease) -> None:
-        """``lease`` is held no more: stop watching its owner task, and drop it from the table."""
+        """``lease`` is held no more: stop watching its owner task and its cap, and drop it from the table."""
         lease._unwatch_owner()
+        lease._uncap()
         self.holds.remove(lease)
+
+    def cap(self, lease: Lease, max_hold: float) -> None:
+        """Lose ``lease`` (its bodies cancelled, the lock released) once it has been held ``max_hold`` seconds."""
+        lease._cap_at(lease._acquired_at + max_hold)
 
     def watch_owner(self, lease: Lease) -> None:
         """Abandon ``lease`` if the running task (its owner) ends while holding it."""
@@ -281,7 +300,7 @@ class Core:
         self.events.emit(
             "abandoned", lease.name, lease.owner, lease.token, held_s=lease._held_for(), reason="owner task ended"
         )
-        self.spawn(release_by_identity(self.backend, lease, raise_errors=False))
+        self.give_back(lease)
 
     async def release(self, lease: Lease) -> None:
         """Release every hold of ``lease`` on the server (``Lock.release`` at zero, ``lease.release()``)."""
@@ -302,7 +321,7 @@ class Core:
             # The caller is cancelled; the hold must still go. A release by the
             # hold's identity is idempotent, so repeating one that may have gone
             # out already is harmless.
-            self.spawn(release_by_identity(self.backend, lease, raise_errors=False))
+            self.give_back(lease)
             raise
         if not released:
             lease._release_refused("the server no longer had this hold at release (expired or taken)")
@@ -326,7 +345,7 @@ class Core:
         )
         # If the server may still have it (the deadline passed while renewals
         # were stuck), give it back by identity; harmless if it is gone.
-        self.spawn(release_by_identity(self.backend, lease, raise_errors=False))
+        self.give_back(lease)
 
     def _lease_at_risk(self, lease: Lease, reason: str) -> None:
         logger.info("lock %r at risk for %s: %s", lease.name, lease.owner, reason)

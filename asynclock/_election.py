@@ -305,6 +305,7 @@ class _Candidacy(Lock):
         if not stack:
             del self._scopes[owner]
         lease._remove_body(scope)
+        self._core.body_ended()
         # resign() cancelled this body on purpose: the block ends quietly
         # (an exception of the body's own still propagates).
         swallowed = bool(scope.__exit__(exc_type, exc, tb))

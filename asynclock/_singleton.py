@@ -161,6 +161,7 @@ class Singleton(Generic[P, R]):
             raise
         finally:
             lease._remove_body(scope)
+            core.body_ended()
             took = loop.time() - started
             if scope.cancelled_caught:
                 why = lease.lost_reason if lease.lost else f"cut off after at_most ({self.at_most:g} s)"

@@ -298,11 +298,17 @@ class ZkSession:
             monitor = asyncio.get_running_loop().create_task(self._monitor(conn), name="asynclock-zookeeper-ping")
             try:
                 await self._read_loop(conn)
-            finally:
+            except asyncio.CancelledError:
                 monitor.cancel()
-                self._drop(conn, "connection closed")
-                with contextlib.suppress(asyncio.CancelledError):
-                    await monitor
+                if self._closing or self._closed:
+                    self._drop(conn, "connection closed")
+                # else cancelled from outside (its loop shutting down): the connection stays
+                # up, so that the client's close then can still delete its nodes and end the session
+                raise
+            monitor.cancel()
+            self._drop(conn, "connection closed")
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor
 
     async def _open(self, host: str, port: int, budget: float) -> Conn | None:
         """One attempt: ask ``host`` for this session (or a new one), take its answer, send the credentials."""
@@ -363,7 +369,8 @@ class ZkSession:
             self._dispatch(conn, frame)
 
         frames = Frames.attach(conn.reader, conn.writer, conn.host, on_frame)
-        self._drop(conn, await frames.ended)
+        # (shielded: a cancellation of this task, the loop shutting down, must not end the reading)
+        self._drop(conn, await asyncio.shield(frames.ended))
 
     def _dispatch(self, conn: Conn, frame: bytes) -> None:
         """Handle one reply frame: what it proves of the session first, then whatever waits on it."""
