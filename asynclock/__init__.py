@@ -18,6 +18,7 @@ from ._lock import Semaphore as Semaphore
 from ._lock import WriteLock as WriteLock
 from ._singleton import JobRun as JobRun
 from ._singleton import Singleton as Singleton
+from ._values import Health as Health
 from ._values import Leader as Leader
 from ._values import LockEvent as LockEvent
 from ._values import LockInfo as LockInfo
@@ -38,6 +39,7 @@ __all__ = [
     "BackendUnavailable",
     "ConfigurationError",
     "Election",
+    "Health",
     "JobRun",
     "Leader",
     "Lease",

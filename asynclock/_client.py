@@ -4,19 +4,26 @@ what happens to a lease outside an acquire is the core's work."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from ._core import Core
+from ._closing import close
+from ._core import CLIENT_CLOSED, CLIENT_CLOSING, Core
 from ._election import Election
 from ._events import EventCallback
 from ._lock import Lock, RWLock, Semaphore
+from ._options import DEFAULT_CONNECT_TIMEOUT, seconds
 from ._singleton import Singleton, make_singleton
-from ._validate import check_name, check_ttl
+from ._validate import check_max_hold, check_name, check_ttl
+from ._values import Health
 from .abc import Backend, LockRef
 
 __all__ = ["EventCallback", "Locks"]
+
+#: The lock whose state ``health()`` reads (a read: nothing is taken or changed).
+_PROBE = "asynclock-health"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -43,8 +50,10 @@ class Locks:
         *,
         ttl: float = 30.0,
         on_event: EventCallback | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
-        self._core = Core(backend, check_ttl(ttl), on_event)
+        self._core = Core(backend, check_ttl(ttl), on_event, close)
+        self._connect_timeout = seconds(connect_timeout, "connect_timeout")
         self.client_id = self._core.client_id
 
     def __repr__(self) -> str:
@@ -60,7 +69,7 @@ class Locks:
         """The default lease time of this client's locks, in seconds."""
         return self._core.ttl
 
-    def lock(self, name: str, *, ttl: float | None = None, fair: bool = False) -> Lock:
+    def lock(self, name: str, *, ttl: float | None = None, fair: bool = False, max_hold: float | None = None) -> Lock:
         """A handle on the lock ``name``; cheap, no I/O.
 
         ``fair=True`` makes it FIFO: waiters get it in the order their acquire
@@ -69,40 +78,52 @@ class Locks:
         lock of the same name are different locks on backends whose plain lock
         is not FIFO already.
 
-        Raises TypeError / ValueError for a bad name or ttl, and
+        ``max_hold`` (seconds, default None) caps one hold however well it
+        renews: a hold that lasts that long loses its lease (the body is
+        cancelled and its ``async with`` raises :class:`LockLost` with
+        ``reason="max_hold"``) and the lock is released. It is the guard
+        against a body that wedges (a stuck call) and would keep the lock for
+        as long as its task lives.
+
+        Raises TypeError / ValueError for a bad name, ttl or max_hold, and
         NotImplementedError when the backend has no fair lock.
         """
         self._core.check_open()
         if not isinstance(fair, bool):
             raise TypeError(f"fair must be a bool, not {type(fair).__name__}")
-        return Lock(self._core, LockRef("fair" if fair else "lock", check_name(name)), self._core.check_ttl(ttl))
+        ref = LockRef("fair" if fair else "lock", check_name(name))
+        return Lock(self._core, ref, self._core.check_ttl(ttl), max_hold=check_max_hold(max_hold))
 
-    def rw_lock(self, name: str, *, ttl: float | None = None) -> RWLock:
+    def rw_lock(self, name: str, *, ttl: float | None = None, max_hold: float | None = None) -> RWLock:
         """A read-write lock: ``.read`` may be held by many tasks at once, ``.write`` by one.
 
         A waiting writer keeps new readers out, so a stream of readers cannot
         starve it. The holder of ``.write`` may also take ``.read`` (it joins
         the write hold); taking ``.write`` while holding only ``.read`` raises
-        :class:`LockError` instead of deadlocking. Cheap, no I/O.
+        :class:`LockError` instead of deadlocking. ``max_hold`` caps each hold
+        of either side, as for :meth:`lock`. Cheap, no I/O.
         """
         self._core.check_open()
-        return RWLock(self._core, check_name(name), self._core.check_ttl(ttl))
+        return RWLock(self._core, check_name(name), self._core.check_ttl(ttl), check_max_hold(max_hold))
 
-    def semaphore(self, name: str, *, permits: int, ttl: float | None = None) -> Semaphore:
+    def semaphore(
+        self, name: str, *, permits: int, ttl: float | None = None, max_hold: float | None = None
+    ) -> Semaphore:
         """A semaphore: at most ``permits`` tasks, across every client, hold it at once.
 
         Each holder has its own lease (watchdog, fencing token, loss →
         cancellation); a holder that dies gives its permit back when its lease
         runs out. Every client of a name must use the same ``permits``: an
         acquire that asks with another number than the current users' raises
-        ValueError. Cheap, no I/O.
+        ValueError. ``max_hold`` caps each holder's hold, as for :meth:`lock`.
+        Cheap, no I/O.
         """
         self._core.check_open()
         if isinstance(permits, bool) or not isinstance(permits, int):
             raise TypeError(f"permits must be an int, not {type(permits).__name__}")
         if not 1 <= permits <= 100_000:
             raise ValueError(f"permits must be between 1 and 100000, got {permits}")
-        return Semaphore(self._core, check_name(name), self._core.check_ttl(ttl), permits)
+        return Semaphore(self._core, check_name(name), self._core.check_ttl(ttl), permits, check_max_hold(max_hold))
 
     def election(self, name: str, *, identity: str | None = None, ttl: float | None = None) -> Election:
         """A leader election among every client that names it; cheap, no I/O.
@@ -150,6 +171,72 @@ class Locks:
     ) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Release every held lease, stop the watchdog and listeners, close connections."""
-        await self._core.close()
+    async def open(self) -> Locks:
+        """Connect now (what entering ``async with`` does): returns the client once the server answered.
+
+        Raises :class:`BackendUnavailable` when no server could be reached
+        within the connect timeout, :class:`ConfigurationError` when the server
+        refuses this client's configuration (its credentials, say). A client
+        that is used without being opened connects on its first use.
+        """
+        await self._core.start()
+        return self
+
+    async def health(self) -> Health:
+        """How this client is doing, for readiness and liveness probes; never raises.
+
+        One round trip to the backend (connecting first, on a client not used
+        yet), bounded by the connect timeout: ``ok`` and its ``latency``, or
+        the ``error``; and ``held`` and ``at_risk``, the leases this client
+        holds and those of them whose last renewal failed.
+
+        Example::
+
+            health = await locks.health()
+            status = 200 if health.ok else 503
+        """
+        core = self._core
+        keeper = core.keeper
+        leases = keeper.holds() if keeper is not None else []
+        held, at_risk = len(leases), sum(lease.at_risk for lease in leases)
+        if core.closed or core.closing:
+            return Health(False, None, held, at_risk, CLIENT_CLOSED if core.closed else CLIENT_CLOSING)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await core.start()
+                await core.backend.info(LockRef("lock", _PROBE))
+        except TimeoutError:
+            error = f"the backend did not answer within {self._connect_timeout:g} s"
+            return Health(False, None, held, at_risk, error)
+        except Exception as exc:  # noqa: BLE001 (a probe never raises: what went wrong is its answer)
+            return Health(False, None, held, at_risk, str(exc) or type(exc).__name__)
+        return Health(True, loop.time() - started, held, at_risk, None)
+
+    async def aclose(self, drain: float | None = None) -> None:
+        """Release every held lease, stop the watchdog and listeners, close connections.
+
+        Without ``drain`` the bodies running under this client's leases are
+        cancelled at once (their ``async with`` raises :class:`LockLost`) and
+        acquires still waiting raise :class:`BackendUnavailable`. With
+        ``drain=S`` (seconds) the client first stops taking work: new acquires
+        and acquires waiting in a queue raise ``RuntimeError("client is
+        closing")``, while bodies already running get up to ``S`` seconds to
+        finish; those still running then are cancelled (``LockLost`` with
+        ``reason="closing"``). Then every hold is released, each lock handed to
+        its next waiter, a leader's term to the next candidate.
+
+        A client never closed is closed this way (without a drain) when its
+        event loop shuts down, as ``asyncio.run`` ends, and logs what it
+        released; a process killed outright leaves its holds to expire.
+
+        Example (a worker's SIGTERM)::
+
+            loop.add_signal_handler(signal.SIGTERM, stop.set)
+            await stop.wait()
+            await locks.aclose(drain=10)
+        """
+        if drain is not None:
+            drain = seconds(drain, "drain", allow_zero=True)
+        await self._core.close(drain)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._client import EventCallback, Locks
-from ._options import DEFAULT_CONNECT_TIMEOUT, seconds, take_query
+from ._options import DEFAULT_CONNECT_TIMEOUT, mask_url, seconds, suggest, take_query
 from ._validate import check_ttl
 from .abc import Backend
 from .backends._registry import SCHEMES, Common
@@ -69,9 +69,9 @@ def connect(
         backend, url_opts = _from_url(target, prefix, options, ttl, connect_timeout)
     else:
         chosen = DEFAULT_CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
-        backend, url_opts = _from_client(target, prefix, options, chosen), {}
+        backend, url_opts = _from_client(target, prefix, options, chosen), {"connect_timeout": chosen}
     chosen_ttl = ttl if ttl is not None else url_opts.get("ttl", 30.0)
-    return Locks(backend, ttl=check_ttl(chosen_ttl), on_event=on_event)
+    return Locks(backend, ttl=check_ttl(chosen_ttl), on_event=on_event, connect_timeout=url_opts["connect_timeout"])
 
 
 def _from_url(
@@ -92,11 +92,14 @@ def _from_url(
     chosen_prefix = _check_prefix(prefix if prefix is not None else own.get("prefix", "asynclock"))
     if connect_timeout is None:
         connect_timeout = seconds(own.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT), "connect_timeout")
+    url_opts["connect_timeout"] = connect_timeout
     given_ttl = ttl if ttl is not None else url_opts.get("ttl")
     entry = SCHEMES.get(scheme)
     if entry is None:
         known = ", ".join(f"{name}://" for name in SCHEMES)
-        raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
+        guess = suggest(scheme, SCHEMES)
+        hint = f" (did you mean {guess}://?)" if guess else ""
+        raise ValueError(f"unknown lock URL scheme {scheme!r} in {mask_url(url)!r}{hint}; supported: {known}")
     backend, chosen_ttl = entry.open(rest, Common(chosen_prefix, connect_timeout, given_ttl), options)
     if chosen_ttl is not None:
         url_opts.setdefault("ttl", chosen_ttl)

@@ -44,6 +44,7 @@ from typing import Any
 import pytest
 
 import asynclock
+from tests import insides
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -156,7 +157,7 @@ async def test_every_python_block_runs(page: Path, request: pytest.FixtureReques
                 await run_test_module(code, where)
                 continue
             namespace["url"] = servers.address("redis") + "/0" if "url" in code else None
-            if namespace["locks"]._closed:  # an earlier block's ``async with connect(...) as locks`` ended
+            if insides.core(namespace["locks"]).closed:  # an earlier block's ``async with connect(...) as locks`` ended
                 namespace["locks"] = default
             compiled: CodeType = compile(code, where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
             outcome = eval(compiled, namespace)
