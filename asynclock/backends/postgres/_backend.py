@@ -14,7 +14,7 @@ from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Que
 from ._config import dsn_address, dsn_secrets, parse_url, pool_address
 from ._errors import Translation
 from ._hold import Hold
-from ._keys import Key, advisory_key, election_key, gate_key, rw_key, slot_arrays
+from ._keys import Key, advisory_key, election_key, gate_key, rw_key
 from ._listener import Listener
 from ._pool import ADMIN_TIMEOUT, Pool
 from ._running import Running
@@ -66,7 +66,7 @@ class PostgresBackend:
         options = dict(pool_options or {})
         options.setdefault("timeout", connect_timeout)
         self._prefix = prefix
-        #: A plain lock's key by name (a test's collision replaces it).
+        #: A plain lock's key by name, in one place (so that two names can be made to collide).
         self._key_of: Callable[[str], Key] = lambda name: advisory_key(prefix, name)
         self._table = table if table is not None else f"{prefix}_fence"
         if pool is None:
@@ -205,6 +205,7 @@ class PostgresBackend:
         )
 
     def _running_or_closed(self) -> Running:
+        """The parts the set-up made; BackendUnavailable before it and once closed."""
         running = self._running
         if running is None:
             raise BackendUnavailable(_CLOSED)
@@ -305,14 +306,7 @@ class PostgresBackend:
     # -- what the server knows ----------------------------------------------------------
 
     async def info(self, ref: LockRef) -> LockInfo:
-        running = self._running_or_closed()
-        main = self._main_key(ref)
-        if ref.kind == "semaphore":
-            highs, lows = slot_arrays(self._prefix, ref.name, ref.permits)
-            held = list(zip(highs, lows, strict=True))
-        else:
-            held = [main]
-        return await running.inspector.info(ref, main, held, self.lock_key(ref))
+        return await self._running_or_closed().info(ref, self._main_key(ref), self.lock_key(ref))
 
     async def names(self) -> list[str]:
         """Names under this client's fence table whose (plain or fair) lock is held right now."""

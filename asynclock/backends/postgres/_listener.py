@@ -80,6 +80,7 @@ class Listener:
         #: Increases each time the session is opened again; its key changes with it.
         self.incarnation = 0
         self.key: Key = session_key(backend, 0)
+        #: Told each notification's payload (public: a test counts them on their way).
         self.on_message = on_message
         self._on_lost = on_lost
         self._lock = asyncio.Lock()

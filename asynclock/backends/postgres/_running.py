@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from ..._timing import request_window
+from ..._values import LockInfo
 from ...abc import LockRef, RenewItem
 from ._election import Elections
 from ._errors import Translation
@@ -84,6 +85,16 @@ class Running:
                 slots = frozenset(zip(highs, lows, strict=True))
             state = self.keys[key] = KeyState(key, slots)
         return state
+
+    async def info(self, ref: LockRef, main: Key, key_name: str) -> LockInfo:
+        """What the server and the holders' clients say about ``ref``, whose main key is ``main``
+        (a semaphore's holders hold its slots)."""
+        if ref.kind == "semaphore":
+            highs, lows = slot_arrays(self._prefix, ref.name, ref.permits)
+            held = list(zip(highs, lows, strict=True))
+        else:
+            held = [main]
+        return await self.inspector.info(ref, main, held, key_name)
 
     # -- news -------------------------------------------------------------------------
 
