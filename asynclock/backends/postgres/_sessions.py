@@ -19,7 +19,10 @@ a few connections, not a thousand:
   their number.
 * Requests on the hot path are *watched*: one timer for all of them closes
   the session of a request unanswered by its bound, which fails the request
-  and ends the session, with its locks.
+  and ends the session, with its locks. (Not ``_timing.Deadlines``, which
+  cancels the waiting task: a statement cancelled in flight leaves its
+  session, and whatever it locked, to a server that may not answer the
+  cancel; and the watch costs a dict entry per request, no object.)
 * A session without holds for ``PARK_TIME`` goes back to the pool with
   nothing of asynclock's left on it (one stays while the client has waiters:
   their tries run on it).

@@ -26,6 +26,10 @@ table too. The table counter starts again from the time in µs after a
 crash (its epoch row, written durably with the table and gone with its
 contents, tells a new table, which counts from 1, from an emptied one).
 
+The set-up (:func:`set_up`) reads the server's version, makes what is missing
+and returns what it found as one :class:`Schema`, with which the backend's
+parts are built.
+
 Mixing versions: a client of a version that counts in the table gives
 tokens below the sequence's (the sequence is seeded above the table's
 highest counter, and counts on from there): after the sequence has been
