@@ -94,9 +94,11 @@ def _closed_under(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside a method of an asyncpg connection that is closed now."""
     tb = exc.__traceback__
     while tb is not None:
-        conn = tb.tb_frame.f_locals.get("self")
-        if isinstance(conn, asyncpg.Connection) and conn.is_closed():
-            return True
+        frame = tb.tb_frame
+        if str(frame.f_globals.get("__name__", "")).startswith("asyncpg."):  # (only asyncpg's frames are read)
+            conn = frame.f_locals.get("self")
+            if isinstance(conn, asyncpg.Connection) and conn.is_closed():
+                return True
         tb = tb.tb_next
     return False
 
