@@ -1025,15 +1025,15 @@ async def test_a_lock_timeout_after_the_grant_gives_the_advisory_lock_back(pg: P
 
 async def test_a_session_ended_between_a_statements_prepare_and_its_run_is_unavailable(pg: PostgresHarness) -> None:
     """asyncpg fails such a request with AttributeError (no protocol any more): it is BackendUnavailable at
-    the edge, as when a client closing ends its sessions under a request that waited for its turn."""
+    the edge, as when a client closing ends its sessions under a request that waited for its turn; the
+    same for a statement sent through the edge outside a hold's request (settling, reseeding)."""
     locks = pg.connect(ttl=TTL)
     async with locks.lock("warm"):
         pass
-    backend = postgres_backend(locks)
-    session = await backend._sessions.get(TTL)
-    conn = session.conn
+    running = postgres_backend(locks)._running
+    assert running is not None
 
-    class EndsAfterPrepare(type(conn)):  # type: ignore[misc]
+    class EndsAfterPrepare(asyncpg.Connection):  # type: ignore[misc]
         __slots__ = ()
 
         async def _get_statement(self, *args: Any, **kwargs: Any) -> Any:
@@ -1041,6 +1041,19 @@ async def test_a_session_ended_between_a_statements_prepare_and_its_run_is_unava
             self.terminate()  # (the statement is prepared: its run finds no connection)
             return statement
 
-    conn.__class__ = EndsAfterPrepare
+    session = await running.sessions.get(TTL)
+    session.conn.__class__ = EndsAfterPrepare
     with pytest.raises(BackendUnavailable, match="the session was closed during a request"):
-        await backend._requests.run(session, TTL, asyncpg.Connection.fetchval, "SELECT 41 + $1::int", 1)
+        await running.requests.run(session, TTL, asyncpg.Connection.fetchval, "SELECT 41 + $1::int", 1)
+    async with asyncio.timeout(scaled(5)):
+        while not session.gone:  # (told by the connection's termination listener, soon)
+            await asyncio.sleep(0.01)
+    session = await running.sessions.get(TTL)
+    session.conn.__class__ = EndsAfterPrepare
+    with pytest.raises(BackendUnavailable, match="the session was closed during a request"):
+        async with running.requests.errors.edge:
+            await session.conn.fetchval("SELECT 41 + $1::int", 1)
+    # an AttributeError of anything else passes the edge unchanged
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        async with running.requests.errors.edge:
+            _ = session.no_such_thing  # type: ignore[attr-defined]

@@ -13,7 +13,30 @@ import asyncpg
 
 from ..._options import query_names, reject_unknown, take_query
 
-__all__ = ["DSN_PARAMETERS", "OWN_OPTIONS", "dsn_address", "dsn_secrets", "parse_url", "pool_address"]
+__all__ = [
+    "ASYNCPG_PRIVATE",
+    "DSN_PARAMETERS",
+    "OWN_OPTIONS",
+    "POOL_CONNECT_ARGS",
+    "POOL_CONNECT_KWARGS",
+    "PROXY_CONNECTION",
+    "dsn_address",
+    "dsn_secrets",
+    "parse_url",
+    "pool_address",
+]
+
+#: asyncpg's private attributes the backend reads, since asyncpg has no public way to them:
+#: the connection under a pool's proxy (requests skip the proxy's indirection), and what a
+#: given pool connects with (the address and passwords its errors name, or hide).
+PROXY_CONNECTION = "_con"
+POOL_CONNECT_ARGS = "_connect_args"
+POOL_CONNECT_KWARGS = "_connect_kwargs"
+#: Each of them by the asyncpg class that has it: the one list a test checks against asyncpg.
+ASYNCPG_PRIVATE: dict[str, tuple[str, ...]] = {
+    "PoolConnectionProxy": (PROXY_CONNECTION,),
+    "Pool": (POOL_CONNECT_ARGS, POOL_CONNECT_KWARGS),
+}
 
 #: asynclock's own options (``ttl``, ``prefix`` and ``connect_timeout`` are read
 #: by ``connect()``, ``table`` and ``max_leases`` by the backend).
@@ -142,8 +165,8 @@ def dsn_secrets(dsn: str | None, options: dict[str, Any]) -> list[str]:
 
 def pool_address(pool: Any) -> tuple[str, list[str]]:
     """The address a given pool connects to, and its passwords, as far as asyncpg tells."""
-    args = getattr(pool, "_connect_args", None) or [None]
-    kwargs = dict(getattr(pool, "_connect_kwargs", None) or {})
+    args = getattr(pool, POOL_CONNECT_ARGS, None) or [None]
+    kwargs = dict(getattr(pool, POOL_CONNECT_KWARGS, None) or {})
     dsn = args[0] if isinstance(args[0], str) else None
     secrets = dsn_secrets(dsn, kwargs)
     host, port = kwargs.get("host"), kwargs.get("port")

@@ -54,24 +54,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
 from ..._errors import LockError
 from ..._values import Leader
 from ...abc import LockRef
+from .._background import Background
 from .._reread import RereadWatch
-from . import _sql
-from ._errors import CLIENT_ERRORS, MapErrors
+from ._errors import CLIENT_ERRORS
+from ._hold import Hold, Session
 from ._keys import Key, election_channel, election_key, term_key
 from ._listener import Listener
-from ._sessions import Session, Sessions, ms
+from ._pool import ms
+from ._requests import Requests
+from ._sql import CREATE_LEADERS, EXISTS, LOST
 from ._tokens import create
-
-if TYPE_CHECKING:
-    from ._hold import Hold
-    from ._requests import Requests
 
 __all__ = ["BACKSTOP", "Elections", "PostgresLeaderWatch"]
 
@@ -85,77 +84,18 @@ BACKSTOP = 10
 #: A moment past a wait, so that a session ended by its idle timeout is gone when the observer looks.
 _PAST = 0.002
 
-#: The leaders table. The key (k1, k2) is the election's advisory key; (t1, t2) the term key.
-CREATE_LEADERS = (
-    "CREATE UNLOGGED TABLE {leaders} (k1 int4 NOT NULL, k2 int4 NOT NULL, name text NOT NULL,"
-    " identity text NOT NULL, token int8 NOT NULL, since timestamptz NOT NULL, ttl float8 NOT NULL,"
-    " t1 int4 NOT NULL, t2 int4 NOT NULL, PRIMARY KEY (k1, k2))"
-)
-
-#: The new leader's row and its term key, on the session that holds the election's key, and the
-#: election's notification. $1, $2 election key; $3 name; $4 identity; $5 token; $6 ttl; $7, $8 term
-#: key; $9 channel; $10 lock_timeout (ms, text: only a row lock of a statement in flight can make
-#: it wait). Returns (written, term key taken).
-ANNOUNCE = """
-    WITH term AS MATERIALIZED (
-        SELECT set_config('lock_timeout', $10, true) AS lt, pg_try_advisory_lock($7::int4, $8::int4) AS ok
-    ), up AS (
-        INSERT INTO {leaders} AS r (k1, k2, name, identity, token, since, ttl, t1, t2)
-        SELECT $1, $2, $3, $4, $5, clock_timestamp(), $6, $7, $8 FROM term
-        ON CONFLICT (k1, k2) DO UPDATE SET name = EXCLUDED.name, identity = EXCLUDED.identity,
-            token = EXCLUDED.token, since = EXCLUDED.since, ttl = EXCLUDED.ttl, t1 = EXCLUDED.t1, t2 = EXCLUDED.t2
-        RETURNING 1
-    )
-    SELECT (SELECT count(*) FROM up)::int AS written, (SELECT ok FROM term) AS term, pg_notify($9, 'leader')
-"""
-
-#: A resign: the leader's row (of its token only: a later leader's stays), its term key, the
-#: notification; the election's key is let go of by the lock's release after it.
-#: $1, $2 election key; $3 token; $4, $5 term key; $6 channel. Returns (deleted).
-RETIRE = """
-    WITH gone AS (DELETE FROM {leaders} WHERE k1 = $1 AND k2 = $2 AND token = $3 RETURNING 1)
-    SELECT (SELECT count(*) FROM gone)::int, pg_advisory_unlock($4::int4, $5::int4), pg_notify($6, 'gone')
-"""
-
-#: The row of an election, whether it is live (one session holds its term key and the
-#: election's key), and the live candidates in line. $1, $2 election key; $3, $4 the running
-#: session's session key. Returns (identity, token, since, ttl, live, waiting) or no row.
-LEADER = f"""
-    SELECT r.identity, r.token, extract(epoch FROM r.since)::float8 AS since, r.ttl,
-           EXISTS (
-               SELECT 1 FROM pg_locks t JOIN pg_locks e ON e.pid = t.pid
-               WHERE t.locktype = 'advisory' AND t.objsubid = 2 AND t.granted AND t.mode = 'ExclusiveLock'
-                 AND t.classid::int8 = (r.t1::int8 & 4294967295) AND t.objid::int8 = (r.t2::int8 & 4294967295)
-                 AND e.locktype = 'advisory' AND e.objsubid = 2 AND e.granted AND e.mode = 'ExclusiveLock'
-                 AND e.classid::int8 = (r.k1::int8 & 4294967295) AND e.objid::int8 = (r.k2::int8 & 4294967295)
-                 AND t.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                 AND e.database = t.database
-           ) AS live,
-           (SELECT count(*) FROM {{queue}} q
-            WHERE q.k1 = $1 AND q.k2 = $2 AND {_sql.LIVE.format(ls1="$3", ls2="$4")})::int AS waiting
-    FROM {{leaders}} r WHERE r.k1 = $1 AND r.k2 = $2
-"""
-
-#: A leader's client saw the session of its term end: observers look. $1 channel.
-LOST = "SELECT pg_notify($1, 'lost')"
-
 
 class Elections:
     """The elections of one backend: the leaders table, the leaders' rows and notifications, the observers."""
 
-    def __init__(
-        self, requests: Requests, listener: Listener, sessions: Sessions, errors: MapErrors, prefix: str
-    ) -> None:
+    def __init__(self, requests: Requests, listener: Listener, background: Background, prefix: str) -> None:
         self._requests = requests
+        self._sql = requests.sql
+        self._leaders = requests.schema.leaders
         self._listener = listener
-        self._sessions = sessions
-        self._errors = errors
+        self._background = background
         self._prefix = prefix
-        #: the quoted name of the leaders table, and the queue's (set at the backend's set-up)
-        self.leaders = ""
-        self.queue = ""
         self._ready = False
-        self._statements: tuple[str, str, str] = ("", "", "")
         self._watches: dict[str, weakref.WeakSet[PostgresLeaderWatch]] = {}
 
     def key(self, name: str) -> Key:
@@ -165,18 +105,13 @@ class Elections:
         """Create the leaders table if it is missing (once per backend): a refusal is ConfigurationError."""
         if self._ready:
             return
-        leaders = self.leaders
+        leaders = self._leaders
 
         async def make(conn: Any) -> None:
-            if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", leaders):
+            if not await conn.fetchval(EXISTS, leaders):
                 await create(conn, CREATE_LEADERS.format(leaders=leaders))
 
         await self._listener.statement(make)
-        self._statements = (
-            ANNOUNCE.format(leaders=leaders),
-            RETIRE.format(leaders=leaders),
-            LEADER.format(leaders=leaders, queue=self.queue),
-        )
         self._ready = True
 
     # -- a leader's row -------------------------------------------------------------
@@ -188,7 +123,7 @@ class Elections:
         record.term = term
         state.terms.add(term)  # (until a resign lets go of it: a statement cut short leaves it to the settling)
         await self._requests.run(
-            session, ttl, _fetchval, self._statements[0],
+            session, ttl, _fetchval, self._sql.announce,
             *state.key, record.ref.name, record.ref.identity or "", token, ttl, *term,
             election_channel(state.key), ms(ttl / 6),
         )  # fmt: skip
@@ -200,7 +135,7 @@ class Elections:
             return
         state = record.state
         await self._requests.run(
-            session, record.ttl, _fetchval, self._statements[1], *state.key, token, *term, election_channel(state.key)
+            session, record.ttl, _fetchval, self._sql.retire, *state.key, token, *term, election_channel(state.key)
         )
         record.term = None
         state.terms.discard(term)
@@ -213,7 +148,7 @@ class Elections:
                 record.state.terms.discard(record.term)
                 record.term = None
         for name in channels:
-            self._sessions.spawn(self._tell_lost(name))
+            self._background.spawn(self._tell_lost(name))
 
     async def _tell_lost(self, name: str) -> None:
         with contextlib.suppress(LockError, *CLIENT_ERRORS):
@@ -229,7 +164,7 @@ class Elections:
         key = self.key(ref.name)
         channel = election_channel(key)
         listener = self._listener
-        statement = self._statements[2]
+        statement = self._sql.leader
 
         async def run(conn: Any) -> Any:
             if listen:

@@ -5,7 +5,9 @@ not exist, permission denied on the fence table or its schema, an unknown
 server setting, a TLS certificate) becomes ConfigurationError, quoting the
 server; a server that cannot be reached, BackendUnavailable naming the
 address and why; any other server error, LockError. No message names a
-password, and the original error is kept as ``__cause__``.
+password, and the original error is kept as ``__cause__``. One translate
+function (:meth:`Translation.translate`) does it, entered around requests by
+the backends' shared edge (``Translation.edge``, a ``MapErrors``).
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import errno
 import socket
 import ssl
 from collections.abc import Sequence
-from types import TracebackType
 
 import asyncpg
 
 from ..._errors import BackendUnavailable, ConfigurationError, LockError
 from ..._options import mask_text
+from .._edge import MapErrors
 
-__all__ = ["CLIENT_ERRORS", "MapErrors"]
+__all__ = ["CLIENT_ERRORS", "EDGE_ERRORS", "Translation"]
 
 #: Everything asyncpg (and the socket under it) raises.
 CLIENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -31,6 +33,10 @@ CLIENT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
 )
+#: What the edge hands to ``translate``: the client's errors, and the AttributeError asyncpg
+#: raises when the connection is ended between a statement's prepare and its run
+#: (``translate`` passes any other AttributeError through unchanged).
+EDGE_ERRORS: tuple[type[BaseException], ...] = (*CLIENT_ERRORS, AttributeError)
 
 #: Server errors that no retry fixes: the server refused this client's configuration.
 _REFUSED: tuple[type[BaseException], ...] = (
@@ -84,25 +90,42 @@ def _hint(exc: BaseException, table: str) -> str:
     return ""
 
 
-class MapErrors:
-    """A context manager (plain or async) that translates client errors raised inside it.
+def _closed_under(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside a method of an asyncpg connection that is closed now."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if str(frame.f_globals.get("__name__", "")).startswith("asyncpg."):  # (only asyncpg's frames are read)
+            conn = frame.f_locals.get("self")
+            if isinstance(conn, asyncpg.Connection) and conn.is_closed():
+                return True
+        tb = tb.tb_next
+    return False
 
-    One instance per backend, entered around every request: a plain class
-    rather than a generator-based context manager, since it sits on the hot
-    path. Messages name the server's address and never a password.
+
+class Translation:
+    """The backend's translate function and what its messages name; ``edge`` enters it around requests.
+
+    One instance per backend. Messages name the server's address and never a password.
     """
 
-    __slots__ = ("address", "secrets", "table")
+    __slots__ = ("address", "edge", "secrets", "table")
 
     def __init__(self, address: str = "?", secrets: Sequence[str] = (), table: str = "") -> None:
         self.address = address
         self.secrets = tuple(secrets)
         self.table = table
+        #: ``with``/``async with`` around a request: its client errors raised translated.
+        self.edge = MapErrors(self.translate, EDGE_ERRORS)
 
     def translate(self, exc: BaseException) -> BaseException:
         """``exc`` as asynclock raises it (the caller keeps the original as ``__cause__``)."""
         if isinstance(exc, LockError):
             return exc
+        if isinstance(exc, AttributeError):
+            # asyncpg, when the connection is ended (the client closing, a dead
+            # server) after a statement was prepared and before it ran
+            return self.unavailable("the session was closed during a request") if _closed_under(exc) else exc
         where = f"PostgreSQL at {self.address}"
         if isinstance(exc, _REFUSED):
             return ConfigurationError(self.mask(f"{where} refused: {exc}{_hint(exc, self.table)}"))
@@ -122,23 +145,3 @@ class MapErrors:
 
     def mask(self, text: str) -> str:
         return mask_text(text, self.secrets)
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is None or not isinstance(exc, CLIENT_ERRORS):
-            return
-        translated = self.translate(exc)
-        if translated is not exc:
-            raise translated from exc
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)

@@ -17,22 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING
 
 import asyncpg
 
-from ..._errors import LockError
 from ...abc import Acquired
-from ._hold import Hold, KeyState
+from ._election import Elections
+from ._hold import Hold, KeyState, Session
 from ._keys import Key, fence_row
 from ._listener import Listener
+from ._pool import ms
 from ._queue import Queue
-from ._requests import Requests
-from ._sessions import Session, Sessions, ms
+from ._requests import Requests, waited_for_row
 from ._tokens import FLOOR
-
-if TYPE_CHECKING:
-    from ._election import Elections
 
 __all__ = ["Grants"]
 
@@ -43,21 +39,14 @@ _fetchrow = asyncpg.Connection.fetchrow
 REGISTERED_MAX = 4096
 
 
-def _waited_for_row(exc: BaseException) -> bool:
-    """A lock statement ended by lock_timeout: it waited for a fence row another transaction holds."""
-    return isinstance(exc, LockError) and isinstance(exc.__cause__, asyncpg.LockNotAvailableError)
-
-
 class Grants:
     """Requests of locks and read-write sides."""
 
-    def __init__(
-        self, requests: Requests, queue: Queue, sessions: Sessions, listener: Listener, elections: Elections
-    ) -> None:
+    def __init__(self, requests: Requests, queue: Queue, listener: Listener, elections: Elections) -> None:
         self._requests = requests
         self._elections = elections
         self._queue = queue
-        self._sessions = sessions
+        self._sessions = requests.sessions
         self._listener = listener
         # Names whose fence row this backend wrote, while its listening session stays the same one:
         # a crash, which empties the (unlogged) fence table, ends that session too.
@@ -116,7 +105,7 @@ class Grants:
                 )
         except BaseException as exc:
             state.unknown.append(session)
-            if _waited_for_row(exc):
+            if waited_for_row(exc):
                 await self.settle(state)
                 return None
             requests.settle_soon(state, self.settle)
@@ -124,7 +113,7 @@ class Grants:
         if value > 0:
             if not fast:
                 self._register(row)
-            if (value < FLOOR and requests.sequence is not None) or record.ref.kind == "election":
+            if (value < FLOOR and requests.schema.sequence is not None) or record.ref.kind == "election":
                 # a crash reset the sequence, or a leader's row is to be written
                 return await self._granted(record, session, value, None)
             self._hold_on(record, session, value)
@@ -187,7 +176,7 @@ class Grants:
             except BaseException as exc:
                 if take:
                     state.unknown.append(session)
-                    if _waited_for_row(exc):
+                    if waited_for_row(exc):
                         await self.settle(state)
                         return None
                     requests.settle_soon(state, self.settle)

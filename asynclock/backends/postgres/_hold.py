@@ -1,4 +1,5 @@
-"""What the client knows of a key it asks for (``KeyState``) and of one acquisition (``Hold``).
+"""What the client knows of a key it asks for (``KeyState``), of one acquisition (``Hold``),
+and of a session holding the locks of many (``Session``).
 
 The client holds each advisory key at most once, on one session: a second
 owner of the same client is kept apart here (its request is known to be
@@ -12,17 +13,46 @@ the key, or the release of the cut-short hold, settles it first.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...abc import LockRef
 from ._keys import Key, marker_key
 from ._turns import Turns
 
-if TYPE_CHECKING:
-    from ._sessions import Session
+__all__ = ["Hold", "KeyState", "Session"]
 
-__all__ = ["Hold", "KeyState"]
+
+class Session(Turns):
+    """One connection that holds locks for many holds of one client, one statement at a time (its turns)."""
+
+    __slots__ = ("conn", "gone", "holds", "idle", "on_close", "pid", "proxy", "silent", "used_at")
+
+    def __init__(self, proxy: Any, conn: Any, closed: Callable[[Session], None]) -> None:
+        self.proxy = proxy  # what the pool lent (given back to it)
+        self.conn = conn  # the connection itself: no proxy in the way of each request
+        self.pid: int = conn.get_server_pid()
+        super().__init__()
+        #: idle_session_timeout in seconds (0: none set)
+        self.idle = 0.0
+        #: the holds whose locks it holds (a read group's members each)
+        self.holds: set[Hold] = set()
+        self.used_at = 0.0
+        #: closed, or given back to the pool: nothing of this client's is on it any more
+        self.gone = False
+        #: its connection's termination listener: tells ``closed`` (the session's sessions) it closed
+        self.on_close: Callable[[Any], None] = lambda _conn: closed(self)
+        #: closed because a request went unanswered in time
+        self.silent = False
+
+    def __repr__(self) -> str:
+        return f"<Session pid={self.pid} holds={len(self.holds)}{' busy' if self.busy else ''}>"
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their turn."""
+        return len(self._next)
 
 
 class KeyState(Turns):

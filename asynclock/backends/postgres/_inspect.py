@@ -20,16 +20,16 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 from ..._values import LockInfo
 from ...abc import LockRef
-from . import _sql
+from .._background import Background
 from ._hold import KeyState
 from ._keys import Key, channel, name_check, parse_app_name
 from ._listener import Listener
 from ._sessions import Sessions
+from ._sql import LOCKS_ON, NOTIFY_EACH, Statements
 
 __all__ = ["ASK_TIMEOUT", "Inspector"]
 
@@ -40,9 +40,6 @@ ASK_TIMEOUT = 0.5
 #: NOTIFY payloads are limited to 8000 bytes: an answer lists at most this many holds.
 ANSWER_MAX = 60
 
-#: Send one payload to several channels. $1 channels (text[]); $2 payload.
-_ASK = "SELECT count(pg_notify(c, $2)) FROM unnest($1::text[]) AS c"
-
 
 def _unsigned(key: Key) -> tuple[int, int]:
     return key[0] & 0xFFFFFFFF, key[1] & 0xFFFFFFFF
@@ -51,24 +48,33 @@ def _unsigned(key: Key) -> tuple[int, int]:
 class Inspector:
     """``info`` and ``names`` of one backend, and its answers to other clients' questions."""
 
-    def __init__(self, listener: Listener, sessions: Sessions, keys: dict[Key, KeyState], prefix: str) -> None:
+    def __init__(
+        self,
+        listener: Listener,
+        sessions: Sessions,
+        keys: dict[Key, KeyState],
+        prefix: str,
+        sql: Statements,
+        background: Background,
+    ) -> None:
         self._listener = listener
         self._sessions = sessions
         self._keys = keys
         self._prefix = prefix
-        self.sql: Any = None  # _sql.Statements
+        self._sql = sql
+        self._background = background
         # request id -> (answers by backend, backends still to answer, done)
         self._asked: dict[str, tuple[dict[str, list[Any]], set[str], asyncio.Event]] = {}
 
     async def info(self, ref: LockRef, main: Key, held: list[Key], key_name: str) -> LockInfo:
         """What the server and the holders' clients say about ``ref`` (its ``main`` key, ``held`` keys)."""
-        listener, sql = self._listener, self.sql
+        listener, sql = self._listener, self._sql
         m1, m2 = _unsigned(main)
         u1 = [_unsigned(k)[0] for k in held]
         u2 = [_unsigned(k)[1] for k in held]
 
         async def read(conn: Any) -> tuple[list[Any], int]:
-            rows = await conn.fetch(_sql.LOCKS_ON, m1, m2, u1, u2)
+            rows = await conn.fetch(LOCKS_ON, m1, m2, u1, u2)
             queued = await conn.fetchval(sql.queued, *main, *listener.key)
             return rows, int(queued)
 
@@ -141,7 +147,7 @@ class Inspector:
         try:
             payload = f"i {listener.backend} {request} {key[0]} {key[1]}"
             channels = [channel(backend) for backend in backends]
-            await listener.statement(lambda conn: conn.fetchval(_ASK, channels, payload))
+            await listener.statement(lambda conn: conn.fetchval(NOTIFY_EACH, channels, payload))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(ASK_TIMEOUT):
                     await done.wait()
@@ -149,7 +155,7 @@ class Inspector:
             del self._asked[request]
         return answers
 
-    def asked(self, text: str, spawn: Callable[[Any], Any]) -> None:
+    def asked(self, text: str) -> None:
         """Another client asks for this client's holds of a key (``<backend> <request> <k1> <k2>``)."""
         try:
             asker, request, k1, k2 = text.split(" ")
@@ -176,9 +182,9 @@ class Inspector:
 
         async def answer() -> None:
             with contextlib.suppress(Exception):
-                await self._listener.statement(lambda conn: conn.fetchval(_ASK, [target], payload))
+                await self._listener.statement(lambda conn: conn.fetchval(NOTIFY_EACH, [target], payload))
 
-        spawn(answer())
+        self._background.spawn(answer())
 
     def answered(self, text: str) -> None:
         """An answer to one of this client's questions (``<request> <backend> <json>``)."""
@@ -198,6 +204,6 @@ class Inspector:
 
     async def names(self) -> list[str]:
         """Names of the plain locks held now, under this backend's fence table."""
-        sql = self.sql
+        sql = self._sql
         rows = await self._listener.statement(lambda conn: conn.fetch(sql.held_names))
         return [bytes(row["name"]).decode() for row in rows]

@@ -37,11 +37,12 @@ from typing import Any, TypeVar
 import asyncpg
 
 from ..._errors import LockError
-from ..._timing import Backoff, request_window
-from . import _sql
-from ._errors import CLIENT_ERRORS, MapErrors
+from ..._timing import request_window
+from .._background import until_done
+from ._errors import CLIENT_ERRORS, Translation
 from ._keys import Key, app_name, channel, session_key
-from ._sessions import ADMIN_TIMEOUT, Sessions, is_closed, ms, terminate
+from ._pool import ADMIN_TIMEOUT, Pool, is_closed, ms, terminate, unwrap
+from ._sql import MARK, PING, SET_IDLE, SET_UP_LISTENER, UNMARK
 
 __all__ = ["Listener"]
 
@@ -55,10 +56,22 @@ MARK_TIMEOUT = 5.0
 
 
 class Listener:
-    """The listening session of one backend."""
+    """The listening session of one backend.
 
-    def __init__(self, sessions: Sessions, errors: MapErrors, backend: str) -> None:
-        self._sessions = sessions
+    ``on_message(payload)``: a notification arrived on the backend's channel;
+    ``on_lost()``: the session ended (its waiters' rows died with it).
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        errors: Translation,
+        backend: str,
+        *,
+        on_message: Callable[[str], None],
+        on_lost: Callable[[], None],
+    ) -> None:
+        self._pool = pool
         self._errors = errors
         self.backend = backend
         self.channel = channel(backend)
@@ -67,10 +80,9 @@ class Listener:
         #: Increases each time the session is opened again; its key changes with it.
         self.incarnation = 0
         self.key: Key = session_key(backend, 0)
-        #: A notification arrived: its payload.
-        self.on_message: Callable[[str], None] = lambda payload: None
-        #: The session ended (its waiters' rows died with it).
-        self.on_lost: Callable[[], None] = lambda: None
+        #: Told each notification's payload (public: a test counts them on their way).
+        self.on_message = on_message
+        self._on_lost = on_lost
         self._lock = asyncio.Lock()
         # other channels this session LISTENs on (elections'), with their callbacks
         self._channels: dict[str, Callable[[Any, int, str, str], None]] = {}
@@ -95,13 +107,13 @@ class Listener:
         self.incarnation += 1
         key = session_key(self.backend, self.incarnation)
         loop = asyncio.get_running_loop()
-        proxy = await self._sessions.checkout(loop.time() + ADMIN_TIMEOUT)
-        conn = getattr(proxy, "_con", None) or proxy
+        proxy = await self._pool.checkout(loop.time() + ADMIN_TIMEOUT)
+        conn = unwrap(proxy)
         try:
-            async with self._errors, asyncio.timeout(ADMIN_TIMEOUT):
+            async with self._errors.edge, asyncio.timeout(ADMIN_TIMEOUT):
                 # (not the client's id: no lock of a hold is on it)
                 name = app_name("listening", self.backend)
-                taken = await conn.fetchrow(_sql.SET_UP_LISTENER, name, *key, ms(MARK_TIMEOUT))
+                taken = await conn.fetchrow(SET_UP_LISTENER, name, *key, ms(MARK_TIMEOUT))
                 if not taken[2]:
                     raise self._errors.unavailable("the listening session's key is held by another session")
                 await conn.add_listener(self.channel, self._notified)
@@ -128,22 +140,20 @@ class Listener:
             self._keepalive = None
         if self._closed:
             return
-        self.on_lost()
+        self._on_lost()
         if self._reopen is None or self._reopen.done():
-            self._reopen = self._sessions.spawn(self._open_again())
+            self._reopen = self._pool.background.spawn(
+                until_done(self._open_again, moot=lambda: self._closed or self.alive, retry=())
+            )
 
-    async def _open_again(self) -> None:
-        """Open the session again in the background, backing off while the server is away."""
-        backoff = Backoff()
-        while not self._closed and not self.alive:
-            try:
-                await self.statement(lambda conn: conn.fetchval(_sql.PING))
-            except (*CLIENT_ERRORS, asyncpg.PostgresError) as exc:
-                logger.info("PostgreSQL listening session not open again yet: %r", exc)
-                await asyncio.sleep(backoff.next())
-            except Exception as exc:  # noqa: BLE001 - an error of ours (translated): try again later
-                logger.info("PostgreSQL listening session not open again yet: %r", exc)
-                await asyncio.sleep(backoff.next())
+    async def _open_again(self) -> bool:
+        """One try at opening the session again (in the background, backing off while the server is away)."""
+        try:
+            await self.statement(lambda conn: conn.fetchval(PING))
+        except Exception as exc:  # noqa: BLE001 - the server's, or ours translated: try again later
+            logger.info("PostgreSQL listening session not open again yet: %r", exc)
+            return False
+        return True
 
     async def statement(
         self, run: Callable[[Any], Awaitable[T]], within: float = ADMIN_TIMEOUT, *, changes: bool = False
@@ -158,14 +168,14 @@ class Listener:
             if not self.alive:
                 await self.open()
                 try:
-                    async with self._errors, asyncio.timeout(within):
+                    async with self._errors.edge, asyncio.timeout(within):
                         await self.mark_on(self.conn)
                 except BaseException:
                     terminate(self.conn)
                     raise
             conn = self.conn
             try:
-                async with self._errors, asyncio.timeout(within):
+                async with self._errors.edge, asyncio.timeout(within):
                     return await run(conn)
             except BaseException:
                 if changes:
@@ -178,7 +188,7 @@ class Listener:
     async def job(self, run: Callable[[Any], Awaitable[T]], within: float = ADMIN_TIMEOUT) -> T:
         """A ``statement`` that changes queue rows or markers, in a task of its own: a caller
         that gives up does not cut it in half."""
-        task = self._sessions.spawn(self.statement(run, within, changes=True))
+        task = self._pool.background.spawn(self.statement(run, within, changes=True))
         return await asyncio.shield(task)
 
     async def listen(self, conn: Any, channel: str, callback: Callable[[Any, int, str, str], None]) -> None:
@@ -206,7 +216,7 @@ class Listener:
             return
         self._want.pop(key, None)
         if key in self._held:
-            self._sessions.spawn(self._mark())
+            self._pool.background.spawn(self._mark())
 
     async def let_go(self, key: Key, within: float) -> None:
         """``drop``, and at none return once ``key`` is let go of (at most ``within`` seconds)."""
@@ -230,20 +240,21 @@ class Listener:
         """Take the wanted keys not held yet, let go of the held ones not wanted, in one statement each."""
         take = [key for key in self._want if key not in self._held]
         if take:
-            await conn.fetchval(_sql.MARK, [k[0] for k in take], [k[1] for k in take])
+            await conn.fetchval(MARK, [k[0] for k in take], [k[1] for k in take])
             self._held.update(take)
         drop = [key for key in self._held if key not in self._want]
         if drop:
-            await conn.fetchval(_sql.UNMARK, [k[0] for k in drop], [k[1] for k in drop])
+            await conn.fetchval(UNMARK, [k[0] for k in drop], [k[1] for k in drop])
             self._held.difference_update(drop)
 
     # -- liveness of its rows --------------------------------------------------------------
 
-    async def keep_alive_for(self, ttl: float, conn: Any) -> None:
-        """With waiters of lease ``ttl`` queued: end the session a ttl after its last statement if the client hangs."""
-        if not self._sessions.pg14 or (self._idle and self._idle <= ttl):
+    async def keep_alive_for(self, ttl: float, conn: Any, pg14: bool) -> None:
+        """With waiters of lease ``ttl`` queued: end the session a ttl after its last statement if the
+        client hangs (``pg14``: the server has idle_session_timeout)."""
+        if not pg14 or (self._idle and self._idle <= ttl):
             return
-        await conn.execute(_sql.SET_IDLE, ms(ttl))
+        await conn.execute(SET_IDLE, ms(ttl))
         self._idle = ttl
         if self._keepalive is not None:
             self._keepalive.cancel()
@@ -256,12 +267,12 @@ class Listener:
         period = self._idle / 3
         loop = asyncio.get_running_loop()
         if loop.time() - self._last >= period and not self._lock.locked():
-            self._sessions.spawn(self._ping(period))
+            self._pool.background.spawn(self._ping(period))
         self._keepalive = loop.call_later(period, self._ping_due)
 
     async def _ping(self, period: float) -> None:
         with contextlib.suppress(LockError, *CLIENT_ERRORS):
-            await self.statement(lambda conn: conn.fetchval(_sql.PING), within=max(request_window(self._idle), period))
+            await self.statement(lambda conn: conn.fetchval(PING), within=max(request_window(self._idle), period))
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -292,6 +303,6 @@ class Listener:
                     for name, callback in list(self._channels.items()):
                         await conn.remove_listener(name, callback)
             self._channels.clear()
-            await self._sessions.give_back(proxy)
+            await self._pool.give_back(proxy, self._idle > 0)
         finally:
             self._lock.release()

@@ -34,10 +34,10 @@ from typing import Any
 
 from ..._timing import request_window
 from ...abc import Acquired, Queued
+from .._background import Background
 from ._hold import Hold
 from ._listener import Listener
-from ._requests import Requests
-from ._sessions import Sessions
+from ._tokens import Schema
 
 __all__ = ["Queue"]
 
@@ -45,13 +45,12 @@ __all__ = ["Queue"]
 class Queue:
     """The queue of one backend's waiters."""
 
-    def __init__(self, requests: Requests, listener: Listener, sessions: Sessions) -> None:
-        self._requests = requests
+    def __init__(self, schema: Schema, listener: Listener, background: Background) -> None:
+        self._schema = schema
         self._listener = listener
-        self._sessions = sessions
+        self._background = background
         #: local holds queued (or on their way in), for every key
         self.waiting = 0
-        sessions.waiters = lambda: self.waiting > 0
 
     def count_in(self, record: Hold) -> None:
         """``record`` is to wait: it counts as a local waiter of its key, and in the key's marker."""
@@ -76,21 +75,21 @@ class Queue:
         self.count_in(record)
         task = record.queuing
         if task is None or task.done():
-            task = record.queuing = self._sessions.spawn(
+            task = record.queuing = self._background.spawn(
                 self._listener.statement(lambda conn: self._put(conn, record), changes=True)
             )
         await asyncio.shield(task)
 
     async def _put(self, conn: Any, record: Hold) -> None:
-        listener = self._listener
-        sql = self._requests.sql
+        listener, schema = self._listener, self._schema
+        sql = schema.sql
         marker = record.state.marker
         if not listener.held(marker):  # (wanted since count_in: the marker goes before the row)
             await listener.mark_on(conn)
         if record.ticket is not None:  # a row of an ended listening session: dead already
             await conn.execute(sql.delete_row, record.ticket)
             record.ticket = None
-        await listener.keep_alive_for(record.ttl, conn)
+        await listener.keep_alive_for(record.ttl, conn, schema.pg14)
         k1, k2 = record.state.key
         record.ticket = await conn.fetchval(
             sql.enqueue, k1, k2, record.shared, record.hold, listener.backend, *listener.key
@@ -114,7 +113,7 @@ class Queue:
         try:
             if ticket is not None and record.incarnation == listener.incarnation and listener.alive:
                 k1, k2 = record.state.key
-                sql = self._requests.sql
+                sql = self._schema.sql
                 await listener.job(lambda conn: conn.fetchval(sql.leave, ticket, k1, k2, *listener.key))
         finally:
             self.count_out(record)

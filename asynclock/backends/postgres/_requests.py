@@ -20,30 +20,37 @@ from typing import Any
 
 import asyncpg
 
+from ..._errors import LockError
 from ..._timing import request_window
-from . import _sql
-from ._errors import CLIENT_ERRORS, MapErrors
-from ._hold import KeyState
+from .._background import Background
+from ._errors import EDGE_ERRORS, Translation
+from ._hold import KeyState, Session
 from ._keys import Key
-from ._sessions import Session, Sessions
-from ._tokens import FLOOR, fresh_token
+from ._sessions import Sessions
+from ._sql import MINE, UNLOCK
+from ._tokens import FLOOR, Schema, fresh_token
 
 _fetchval = asyncpg.Connection.fetchval
 
-__all__ = ["Requests"]
+__all__ = ["Requests", "waited_for_row"]
 
 logger = logging.getLogger("asynclock")
+
+
+def waited_for_row(exc: BaseException) -> bool:
+    """A lock statement ended by lock_timeout: it waited for a fence row another transaction holds."""
+    return isinstance(exc, LockError) and isinstance(exc.__cause__, asyncpg.LockNotAvailableError)
 
 
 class Requests:
     """The statements of one backend's holds on their sessions."""
 
-    def __init__(self, sessions: Sessions, errors: MapErrors, statements: Any = None) -> None:
+    def __init__(self, sessions: Sessions, errors: Translation, schema: Schema, background: Background) -> None:
         self.sessions = sessions
         self.errors = errors
-        self.sql: Any = statements  # _sql.Statements, once the server's version is known
-        self.table = ""
-        self.sequence: str | None = None
+        self.schema = schema
+        self.sql = schema.sql
+        self._background = background
 
     async def run(self, session: Session, ttl: float, method: Callable[..., Any], *args: Any) -> Any:
         """``method(statement, *args)`` of ``session.conn`` in ``session``'s turn, watched for a request window.
@@ -56,8 +63,7 @@ class Requests:
             session.busy = True  # (its turn at once: no await on the common path)
         sessions = self.sessions
         try:
-            # (the client's loop, kept: asking asyncio for the running one costs a system call)
-            session.used_at = now = (sessions.loop or asyncio.get_running_loop()).time()
+            session.used_at = now = sessions.loop.time()
             deadline = now + request_window(ttl)
             inflight = sessions.inflight
             inflight[session] = deadline
@@ -67,33 +73,27 @@ class Requests:
                 return await method(session.conn, *args)
             finally:
                 inflight.pop(session, None)
-        except CLIENT_ERRORS as exc:
-            if session.silent:
+        except EDGE_ERRORS as exc:
+            translated = self.errors.translate(exc)
+            if translated is exc:
+                raise
+            if session.silent and not isinstance(exc, AttributeError):
                 # A wait ends here rather than retrying against a server that went silent.
                 error = self.errors.unavailable("stopped answering (the session is closed)")
                 error.retryable = False
                 raise error from exc
-            translated = self.errors.translate(exc)
-            if translated is exc:
-                raise
             raise translated from exc
-        except AttributeError as exc:
-            # asyncpg, when the connection is ended (the client closing, a dead
-            # server) after a statement was prepared and before it ran
-            if not session.conn.is_closed():
-                raise
-            raise self.errors.unavailable("the session was closed during a request") from exc
         finally:
             session.leave()
 
     async def checked_token(self, session: Session, ttl: float, token: int) -> int:
         """``token`` if it is one to hand out, else (a crash reset the sequence) a fresh one."""
-        if self.sequence is None or token >= FLOOR:
+        if self.schema.sequence is None or token >= FLOOR:
             return token
         await session.enter()
         try:
-            async with self.errors, asyncio.timeout(max(request_window(ttl), 1.0)):
-                return await fresh_token(session.conn, self.table, self.sequence)
+            async with self.errors.edge, asyncio.timeout(max(request_window(ttl), 1.0)):
+                return await fresh_token(session.conn, self.sql)
         finally:
             session.leave()
 
@@ -106,12 +106,12 @@ class Requests:
             if not session.gone:
                 await session.enter()
                 try:
-                    async with self.errors, asyncio.timeout(max(request_window(session.idle or 1.0), 1.0)):
-                        mine = await session.conn.fetch(_sql.MINE)
+                    async with self.errors.edge, asyncio.timeout(max(request_window(session.idle or 1.0), 1.0)):
+                        mine = await session.conn.fetch(MINE)
                         for row in mine:
                             key = (row["k1"], row["k2"])
                             if key in keys and not claimed(session, key):
-                                await session.conn.fetchval(_sql.UNLOCK, *key, row["shared"])
+                                await session.conn.fetchval(UNLOCK, *key, row["shared"])
                         await session.conn.fetchval(self.sql.wake, *state.key, -1, None, None)
                 finally:
                     session.leave()
@@ -135,7 +135,7 @@ class Requests:
                     with contextlib.suppress(Exception):
                         session.conn.terminate()
 
-        self.sessions.spawn(run())
+        self._background.spawn(run())
 
     async def unlock(
         self,

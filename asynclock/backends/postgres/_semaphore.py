@@ -24,129 +24,30 @@ from typing import Any
 import asyncpg
 
 from ...abc import Acquired
-from ._grants import _waited_for_row
-from ._hold import Hold, KeyState
+from ._hold import Hold, KeyState, Session
 from ._keys import PERMITS_MARK, fence_row, permits_key, slot_arrays
 from ._listener import Listener
+from ._pool import ms
 from ._queue import Queue
-from ._requests import Requests
-from ._sessions import Session, Sessions, ms
-from ._sql import LIVE, next_token
+from ._requests import Requests, waited_for_row
+from ._sql import PERMITS_IN_USE
 
-__all__ = ["Permits", "SemaphoreStatements"]
+__all__ = ["Permits"]
 
 _fetchrow = asyncpg.Connection.fetchrow
 _fetchval = asyncpg.Connection.fetchval
-
-# The slots this client does not hold, tried in order, the first free one taken.
-# $3, $4: their keys (int4[] each).
-_SLOT = """slot AS MATERIALIZED (
-        SELECT t.k1, t.k2 FROM {source}, unnest($3::int4[], $4::int4[]) AS t(k1, k2)
-        WHERE {cond} AND pg_try_advisory_lock(t.k1, t.k2) LIMIT 1
-    ), known AS MATERIALIZED (
-        SELECT r.k1, r.k2 FROM {table} r WHERE r.name = $5::bytea
-    ), """
-
-# The fence row: token sequence (written once, with the permits of its first holder), or
-# token table (its counter; the permits with a new row). $5 fence row; $6 permits.
-_FENCE_SEQUENCE = """fence AS (
-        INSERT INTO {table} (name, k1, k2, value) SELECT $5::bytea, $6, -1, 0 FROM slot
-        WHERE NOT EXISTS (SELECT 1 FROM known) ON CONFLICT (name) DO NOTHING RETURNING k1, k2, 0::int8 AS value
-    )"""
-_FENCE_TABLE = """fence AS (
-        INSERT INTO {table} AS f (name, k1, k2, value) SELECT $5::bytea, $6, -1, {first} FROM slot
-        ON CONFLICT (name) DO UPDATE SET value = f.value + 1 RETURNING f.k1, f.k2, f.value
-    )"""
-
-# (permits, mark): what the fence row records; NULL when a row made by another client
-# at this very moment is not visible yet (the permits check then reads it).
-_RESULT = """(SELECT k1 FROM slot) AS k1, (SELECT k2 FROM slot) AS k2,
-           CASE WHEN EXISTS (SELECT 1 FROM slot) THEN {token} END AS token,
-           coalesce((SELECT k1 FROM fence), (SELECT k1 FROM known)) AS permits,
-           coalesce((SELECT k2 FROM fence), (SELECT k2 FROM known)) AS mark"""
-
-#: A newcomer's try. $1, $2 the gate's marker; $3, $4 slot keys; $5 fence row; $6 permits;
-#: $7 lock_timeout. Returns (quiet, k1, k2, token, permits, mark): quiet false when
-#: waiters are queued (no slot was tried), k1, k2 the slot taken (NULL: none free).
-TRY_SLOT = (
-    """
-    WITH open AS MATERIALIZED (
-        SELECT set_config('lock_timeout', $7, true) AS lt, pg_try_advisory_xact_lock($1::int4, $2::int4) AS quiet
-    ), """
-    + _SLOT.format(source="open", cond="open.quiet", table="{table}")
-    + "{fence}\n    SELECT (SELECT quiet FROM open) AS quiet, "
-    + _RESULT
-)
-
-#: A queued waiter's try: a slot only for the first live row, then its row (and the dead ones
-#: before it) goes and the next live waiter is told to try too. $1, $2 the gate key; $3, $4
-#: slot keys; $5 fence row; $6 permits; $7 lock_timeout; $8 ticket.
-#: Returns (head, present, told, k1, k2, token, permits, mark).
-HEAD_SLOT = (
-    """
-    WITH first AS MATERIALIZED (
-        SELECT q.ticket FROM {queue} q WHERE q.k1 = $1 AND q.k2 = $2 AND """
-    + LIVE.format(ls1="NULL", ls2="NULL")
-    + """
-        ORDER BY q.ticket LIMIT 1
-    ), got AS MATERIALIZED (
-        SELECT set_config('lock_timeout', $7, true) AS lt, coalesce((SELECT ticket FROM first) = $8, false) AS head,
-               EXISTS (SELECT 1 FROM {queue} q WHERE q.ticket = $8) AS present
-    ), """
-    + _SLOT.format(source="got", cond="got.head", table="{table}")
-    + """gone AS (
-        DELETE FROM {queue} q WHERE EXISTS (SELECT 1 FROM slot) AND q.k1 = $1 AND q.k2 = $2 AND q.ticket <= $8
-    ), told AS MATERIALIZED (
-        SELECT pg_notify('asynclock_' || n.client, 't ' || n.hold) FROM slot, LATERAL (
-            SELECT q.client, q.hold FROM {queue} q
-            WHERE q.k1 = $1 AND q.k2 = $2 AND q.ticket > $8 AND """
-    + LIVE.format(ls1="NULL", ls2="NULL")
-    + """
-            ORDER BY q.ticket LIMIT 1) n
-    ), {fence}
-    SELECT got.head, got.present, (SELECT count(*) FROM told) AS told, """
-    + _RESULT
-    + "\n    FROM got"
-)
-
-#: The permits a semaphore's fence row $1 records, locked for the transaction.
-#: Returns (k1, k2): the permits, and the mark (-1, _keys.PERMITS_MARK) that says k1 is permits.
-PERMITS_ROW = "SELECT k1, k2 FROM {table} WHERE name = $1 FOR UPDATE"
-#: Record $2 as the permits of the semaphore whose fence row is $1.
-RECORD_PERMITS = "UPDATE {table} SET k1 = $2, k2 = -1 WHERE name = $1"
-#: Whether permits_key $1, $2 is held by anybody (tried exclusively and let go).
-PERMITS_IN_USE = (
-    "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4)"
-    " THEN NOT pg_advisory_unlock($1::int4, $2::int4) ELSE true END"
-)
-
-
-class SemaphoreStatements:
-    """The semaphore's statements with the backend's names and token source filled in."""
-
-    __slots__ = ("head_slot", "permits_row", "record_permits", "try_slot")
-
-    def __init__(self, table: str, queue: str, sequence: str | None, first_token: str) -> None:
-        fence = _FENCE_SEQUENCE if sequence is not None else _FENCE_TABLE
-        fence = fence.format(table=table, first=first_token)
-        result_token = next_token(sequence) if sequence is not None else "(SELECT value FROM fence)"
-        fill = {"table": table, "queue": queue, "fence": fence, "token": result_token}
-        self.try_slot = TRY_SLOT.format(**fill)
-        self.head_slot = HEAD_SLOT.format(**fill)
-        self.permits_row = PERMITS_ROW.format(table=table)
-        self.record_permits = RECORD_PERMITS.format(table=table)
 
 
 class Permits:
     """Requests of a semaphore's holds."""
 
-    def __init__(self, requests: Requests, queue: Queue, sessions: Sessions, listener: Listener, prefix: str) -> None:
+    def __init__(self, requests: Requests, queue: Queue, listener: Listener, prefix: str) -> None:
         self._requests = requests
+        self._sql = requests.sql
         self._queue = queue
-        self._sessions = sessions
+        self._sessions = requests.sessions
         self._listener = listener
         self._prefix = prefix
-        self.sql: SemaphoreStatements | None = None
 
     def _free_slots(self, record: Hold) -> tuple[list[int], list[int]]:
         """The slot keys this client does not hold (a session would let itself in again)."""
@@ -195,8 +96,7 @@ class Permits:
         return session
 
     async def _try(self, record: Hold) -> Acquired | None:
-        state, ttl, requests, sql = record.state, record.ttl, self._requests, self.sql
-        assert sql is not None
+        state, ttl, requests, sql = record.state, record.ttl, self._requests, self._sql
         session = await self._session(ttl)
         highs, lows = self._free_slots(record)
         q1, q2 = state.marker
@@ -207,7 +107,7 @@ class Permits:
             )  # fmt: skip
         except BaseException as exc:
             state.unknown.append(session)
-            if not _waited_for_row(exc):
+            if not waited_for_row(exc):
                 self._requests.settle_soon(state, self.settle)
                 raise
             await self.settle(state)
@@ -216,8 +116,7 @@ class Permits:
 
     async def head_try(self, record: Hold) -> Acquired | None:
         """The queued ``record`` tries: a slot if it is first in line and one is free, else None."""
-        state, ttl, requests, sql = record.state, record.ttl, self._requests, self.sql
-        assert sql is not None
+        state, ttl, requests, sql = record.state, record.ttl, self._requests, self._sql
         await state.enter()
         try:
             if state.unknown:
@@ -237,7 +136,7 @@ class Permits:
                 )  # fmt: skip
             except BaseException as exc:
                 state.unknown.append(session)
-                if not _waited_for_row(exc):
+                if not waited_for_row(exc):
                     self._requests.settle_soon(state, self.settle)
                     raise
                 await self.settle(state)
@@ -292,14 +191,13 @@ class Permits:
             return
         if row["permits"] is None and not granted:
             return  # nothing recorded yet: the first hold records it
-        sql = self.sql
-        assert sql is not None
+        sql = self._sql
         name, fence = record.ref.name, fence_row(record.ref)
         requests = self._requests
         await session.enter()
         try:
             conn = session.conn
-            async with requests.errors, asyncio.timeout(record.ttl), conn.transaction():
+            async with requests.errors.edge, asyncio.timeout(record.ttl), conn.transaction():
                 current = await conn.fetchrow(sql.permits_row, fence)
                 if current is None or (current["k1"] == permits and current["k2"] == PERMITS_MARK):
                     return

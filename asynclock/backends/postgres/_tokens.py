@@ -26,6 +26,10 @@ table too. The table counter starts again from the time in µs after a
 crash (its epoch row, written durably with the table and gone with its
 contents, tells a new table, which counts from 1, from an emptied one).
 
+The set-up (:func:`set_up`) reads the server's version, makes what is missing
+and returns what it found as one :class:`Schema`, with which the backend's
+parts are built.
+
 Mixing versions: a client of a version that counts in the table gives
 tokens below the sequence's (the sequence is seeded above the table's
 highest counter, and counts on from there): after the sequence has been
@@ -35,32 +39,45 @@ every client of a prefix before tokens from both are compared.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from ._keys import EPOCH_ROW, SEED_KEY
+from ._keys import SEED_KEY
+from ._sql import (
+    CREATE_FENCE,
+    CREATE_QUEUE,
+    CREATE_SEQUENCE,
+    DURABLE,
+    EPOCH,
+    EXISTS,
+    QUEUE_INDEX,
+    SEED_LOCK,
+    SERVER_VERSION,
+    Statements,
+)
 
-__all__ = ["FIRST_TOKEN", "FLOOR", "create", "fresh_token", "quote_table", "set_up"]
+__all__ = ["FLOOR", "Schema", "create", "fresh_token", "quote_table", "set_up"]
 
 #: Tokens below this come from a sequence that a crash reset: never handed out.
 FLOOR = 10**15
 
-#: Token table: a name's first token, one above the epoch row's value (0), or
-#: above the server time in µs when a crash has emptied the table (no epoch row).
-FIRST_TOKEN = (
-    "coalesce((SELECT e.value FROM {table} e WHERE e.name = '\\xff65706f636800'::bytea),"
-    " (extract(epoch from clock_timestamp()) * 1000000)::int8) + 1"
-)
 
-#: Seed the sequence from the clock, above the table's counters, unless it is seeded.
-#: $1 FLOOR. Run under the seed lock (a transaction-level advisory lock).
-_RESEED = (
-    "SELECT CASE WHEN coalesce(pg_sequence_last_value('{seq}'::regclass), 0) < $1 THEN"
-    " setval('{seq}'::regclass, greatest((extract(epoch from clock_timestamp()) * 1000000)::int8,"
-    " (SELECT coalesce(max(f.value), 0) + 1 FROM {table} f)))"
-    " END"
-)
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """What the set-up found on the server and made there, as the backend's parts are built with it."""
+
+    #: The quoted names of the fence table, its queue table, its leaders table (made on the first
+    #: election's request) and its token sequence (None: tokens from the fence table's counters).
+    table: str
+    queue: str
+    leaders: str
+    sequence: str | None
+    #: PostgreSQL 14+: sessions run with idle_session_timeout (the lease is the session).
+    pg14: bool
+    #: Every statement, with these names and the token source filled in.
+    sql: Statements
 
 
 def quote_table(table: str, suffix: str = "") -> str:
@@ -70,30 +87,29 @@ def quote_table(table: str, suffix: str = "") -> str:
     return ".".join('"' + part.replace('"', '""') + '"' for part in parts)
 
 
-def _literal(name: str) -> str:
-    return name.replace("'", "''")
+async def set_up(conn: Any, name: str, sequence_tokens: bool | None) -> Schema:
+    """Read the server's version and create what is missing of the fence table ``name`` (unquoted,
+    ``schema.table`` allowed), its queue and its token sequence.
 
-
-async def set_up(conn: Any, table: str, queue: str, sequence: str | None) -> None:
-    """Create what is missing of the fence table ``table``, its ``queue`` and token ``sequence`` (quoted names)."""
-    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
-        await create(
-            conn,
-            f"CREATE UNLOGGED TABLE {table} ("
-            "name bytea PRIMARY KEY, k1 int4 NOT NULL, k2 int4 NOT NULL, value bigint NOT NULL)",
-            f"INSERT INTO {table} (name, k1, k2, value) VALUES ('\\x{EPOCH_ROW.hex()}'::bytea, 0, 0, 0)",
-        )
-    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", queue):
-        await create(
-            conn,
-            f"CREATE UNLOGGED TABLE {queue} (ticket bigserial PRIMARY KEY, k1 int4 NOT NULL, k2 int4 NOT NULL,"
-            " shared boolean NOT NULL, hold text NOT NULL, client text NOT NULL, s1 int4 NOT NULL, s2 int4 NOT NULL)",
-            f"CREATE INDEX ON {queue} (k1, k2, ticket)",
-        )
+    ``sequence_tokens``: None, tokens from a sequence where the server has
+    one (PostgreSQL 15+); False, from the fence table; True, from a sequence.
+    Errors are asyncpg's (the caller's edge translates them).
+    """
+    version = int(await conn.fetchval(SERVER_VERSION))
+    use_sequence = version >= 150000 if sequence_tokens is None else sequence_tokens
+    table, queue = quote_table(name), quote_table(name, "_queue")
+    sequence = quote_table(name, "_token") if use_sequence else None
+    leaders = quote_table(name, "_leaders")
+    sql = Statements(table, queue, sequence, leaders)
+    if not await conn.fetchval(EXISTS, table):
+        await create(conn, CREATE_FENCE.format(table=table), EPOCH.format(table=table))
+    if not await conn.fetchval(EXISTS, queue):
+        await create(conn, CREATE_QUEUE.format(queue=queue), QUEUE_INDEX.format(queue=queue))
     if sequence is not None:
-        if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", sequence):
-            await create(conn, f"CREATE UNLOGGED SEQUENCE {sequence}")
-        await _reseed(conn, table, sequence)
+        if not await conn.fetchval(EXISTS, sequence):
+            await create(conn, CREATE_SEQUENCE.format(sequence=sequence))
+        await _reseed(conn, sql)
+    return Schema(table, queue, leaders, sequence, version >= 140000, sql)
 
 
 async def create(conn: Any, *statements: str) -> None:
@@ -103,7 +119,7 @@ async def create(conn: Any, *statements: str) -> None:
         async with conn.transaction():
             # Durable whatever the server's setting: an object lost in a crash
             # would come back new (a table without its epoch row counts from 1).
-            await conn.execute("SET LOCAL synchronous_commit = on")
+            await conn.execute(DURABLE)
             for statement in statements:
                 await conn.execute(statement)
     except (asyncpg.UniqueViolationError, asyncpg.DuplicateTableError, asyncpg.DuplicateObjectError):
@@ -112,14 +128,16 @@ async def create(conn: Any, *statements: str) -> None:
         pass
 
 
-async def _reseed(conn: Any, table: str, sequence: str) -> None:
-    """Seed ``sequence`` from the clock unless it is seeded: serialised, and checked again under the lock."""
+async def _reseed(conn: Any, sql: Statements) -> None:
+    """Seed the token sequence from the clock unless it is seeded: serialised, and checked again under the lock."""
+    assert sql.reseed is not None
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1::int4, $2::int4)", *SEED_KEY)
-        await conn.execute(_RESEED.format(seq=_literal(sequence), table=table), FLOOR)
+        await conn.execute(SEED_LOCK, *SEED_KEY)
+        await conn.execute(sql.reseed, FLOOR)
 
 
-async def fresh_token(conn: Any, table: str, sequence: str) -> int:
+async def fresh_token(conn: Any, sql: Statements) -> int:
     """A token from a sequence a crash had reset: seed it (if nobody has yet) and draw again."""
-    await _reseed(conn, table, sequence)
-    return int(await conn.fetchval(f"SELECT nextval('{_literal(sequence)}'::regclass)"))
+    assert sql.draw is not None
+    await _reseed(conn, sql)
+    return int(await conn.fetchval(sql.draw))
