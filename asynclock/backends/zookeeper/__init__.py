@@ -95,8 +95,8 @@ from ._wire import (
     OPEN_ACL,
     ZkError,
     delete_request,
+    edge,
     exists_request,
-    map_errors,
 )
 
 __all__ = ["ZooKeeperBackend", "credentials", "escape_name", "max_ttl", "parse_url"]
@@ -149,6 +149,7 @@ class ZooKeeperBackend:
         self._recipe = Recipe(self._nodes)
         self._holds = Holds(self._nodes)
         self._connect_timeout = DEFAULT_CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
+        self._edge = edge(lambda: self._session.address)
 
     @classmethod
     def from_url(
@@ -223,7 +224,7 @@ class ZooKeeperBackend:
         """
         self._holds.hooks = hooks
         session = self._session
-        with map_errors(self._where):
+        with self._edge:
             await session.start(self._connect_timeout)
             if self._ttl >= max_ttl(session.timeout):
                 raise ConfigurationError(
@@ -248,7 +249,7 @@ class ZooKeeperBackend:
         if node is None:
             node = self._node(ref, hold)
             self._holds.add(node)
-        with map_errors(self._where):
+        with self._edge:
             holds = await self._advance(node, wait=False, until=None)
             if holds:
                 return Acquired(node.czxid, confirmed_at=self._session.confirmed_at)
@@ -263,7 +264,7 @@ class ZooKeeperBackend:
         if node is None:  # left the queue after a failure: join it again
             node = self._node(ref, hold)
             self._holds.add(node)
-        with map_errors(self._where):
+        with self._edge:
             if await self._advance(node, wait=True, until=until):
                 return Acquired(node.czxid, confirmed_at=self._session.confirmed_at)
             return Queued(None)
@@ -357,7 +358,7 @@ class ZooKeeperBackend:
             return False
         session = self._session
         try:
-            with map_errors(self._where):
+            with self._edge:
                 await session.wait_connected(self._window())
                 await session.call(delete_request(node.path), node.path)
         except ZkError as exc:
@@ -384,13 +385,13 @@ class ZooKeeperBackend:
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
         """One pipelined ``exists`` per held node, sent now: True if it is still ours."""
-        with map_errors(self._where):
+        with self._edge:
             return await self._holds.renew(items)
 
     async def info(self, ref: LockRef) -> LockInfo:
         key = self._layout.key(ref)
         session = self._session
-        with map_errors(self._where):
+        with self._edge:
             await session.wait_connected(self._window())
             if ref.kind in ("lock", "fair", "election"):
                 return await describe(session, self._holds, ref.name, key)
@@ -410,18 +411,18 @@ class ZooKeeperBackend:
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: the first contender's data (identity) and czxid (token); since is None."""
         session = self._session
-        with map_errors(self._where):
+        with self._edge:
             await session.wait_connected(self._window())
             leader, _ = await read_leader(session, self._layout.key(ref))
             return leader
 
     def observe(self, ref: LockRef) -> LeaderWatch:
         """The leader after each change, read again after every watch event (see :mod:`._election`)."""
-        return ZkLeaderWatch(self._session, self._layout.key(ref), self._window(), self._where)
+        return ZkLeaderWatch(self._session, self._layout.key(ref), self._window(), self._edge)
 
     async def names(self) -> list[str]:
         """Lock names under this client's prefix that have contenders now."""
-        with map_errors(self._where):
+        with self._edge:
             await self._session.wait_connected(self._window())
             return await lock_names(self._session, self._layout.base)
 
@@ -434,9 +435,6 @@ class ZooKeeperBackend:
         await self._nodes.stop()
 
     # -- helpers -------------------------------------------------------------------------
-
-    def _where(self) -> str:
-        return self._session.address
 
     def _window(self) -> float:
         """How long a single request waits for a connection before failing."""
