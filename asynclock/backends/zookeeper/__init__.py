@@ -377,7 +377,7 @@ class ZooKeeperBackend:
     def _finish_later(self, node: Node) -> None:
         """Keep deleting a released node in the background until done or its session ends."""
         if node.finisher is None or node.finisher.done():
-            node.finisher = self._nodes.spawn(self._finish_release(node))
+            node.finisher = self._nodes.tasks.spawn(self._finish_release(node))
 
     async def _finish_release(self, node: Node) -> None:
         await self._nodes.cleanup(node)

@@ -103,7 +103,7 @@ class Holds:
         if node.path is None or node.armed == self._session.connection_seq:
             return
         node.armed = self._session.connection_seq
-        self._nodes.spawn(self._watch_held(node))
+        self._nodes.tasks.spawn(self._watch_held(node))
 
     def _held_watch(self, node: Node) -> WatchCallback:
         """The callback of a held node's deletion watch."""
