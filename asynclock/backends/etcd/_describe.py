@@ -8,10 +8,9 @@ from collections.abc import Callable, Iterable
 
 from ..._errors import LockError
 from ..._values import LockInfo
-from . import _recipe
 from ._client import EtcdClient
 from ._queue import Node
-from ._recipe import Layout
+from ._recipe import RESERVED, Layout, permits_of, unescape_name
 from ._replies import KeyValue
 from ._session import Session
 from ._wire import ASCEND, SORT_CREATE, prefix_end, range_request
@@ -24,7 +23,7 @@ async def check_permits(client: EtcdClient, name: str, leases: bytes, permits: i
     of permits: the first one speaks for them all (each was checked under the mutex)."""
     request = range_request(leases, prefix_end(leases), limit=1, sort_order=ASCEND, sort_target=SORT_CREATE)
     first = (await client.range(request, timeout)).kvs
-    theirs = _recipe.permits_of(first[0].value) if first else None
+    theirs = permits_of(first[0].value) if first else None
     if theirs is not None and theirs != permits:
         raise ValueError(
             f"semaphore {name!r} is held or awaited with permits={theirs} by other clients;"
@@ -90,9 +89,9 @@ async def lock_names(client: EtcdClient, layout: Layout, timeout: float) -> list
     found = set()
     for kv in answer.kvs:
         segment = kv.key[len(root) :].split(b"/", 1)[0].decode(errors="replace")
-        if segment and segment not in _recipe.RESERVED:
+        if segment and segment not in RESERVED:
             with contextlib.suppress(UnicodeDecodeError):
-                found.add(_recipe.unescape_name(segment))
+                found.add(unescape_name(segment))
     return sorted(found)
 
 

@@ -31,7 +31,8 @@ from typing import Any
 
 from ..._errors import LockError
 from ..._timing import Backoff
-from ._client import EtcdClient, EtcdError, EtcdUnavailable, Sent
+from ._client import EtcdClient, Sent
+from ._errors import EtcdError, EtcdUnavailable
 from ._recipe import Contender
 from ._replies import Created
 from ._session import Lease, Session

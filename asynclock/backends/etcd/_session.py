@@ -37,7 +37,8 @@ from typing import Any
 
 from ..._errors import ConfigurationError, LockError
 from ..._timing import Backoff, request_window
-from ._client import EtcdClient, EtcdError, EtcdUnavailable
+from ._client import EtcdClient
+from ._errors import EtcdError, EtcdUnavailable
 
 __all__ = ["Lease", "Session"]
 
