@@ -27,10 +27,10 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..._errors import LockError
 from ..._timing import Backoff
+from .._background import Background, until_done
 from ._client import EtcdClient, Sent
 from ._errors import EtcdError, EtcdUnavailable
 from ._recipe import Contender
@@ -103,7 +103,8 @@ class Queue:
         self._session = session
         self._slots: dict[str, Slot] = {}
         self._waits: set[Watch] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        #: the deletions of keys that could not be deleted in their caller's task
+        self.tasks = Background()
         self.closed = False
 
     # -- turns (the Mutex's one key per client) ------------------------------------------
@@ -345,12 +346,26 @@ class Queue:
     def finish_later(self, node: Node) -> None:
         """Keep deleting ``node``'s key in the background until done or its lease ends."""
         if node.finisher is None or node.finisher.done():
-            node.finisher = self.spawn(self.cleanup(node))
+            node.finisher = self.tasks.spawn(self.cleanup(node))
 
     async def cleanup(self, node: Node) -> None:
-        """Delete ``node``'s key until done or moot (its lease is gone), then pass its turn on."""
-        backoff = Backoff()
+        """Delete ``node``'s key until done or moot (its lease is gone, or the client closed), then pass
+        its turn on."""
         session = self._session
+
+        def moot() -> bool:
+            return self.closed or node.contender is None or not node.alive
+
+        async def step() -> bool:
+            assert node.contender is not None
+            await self._client.remove(node.contender.remove, session.window())
+            if not node.uncertain:
+                return True
+            # a create that failed unanswered may still be applied late: sweep once more, a window later
+            node.uncertain = False
+            await asyncio.sleep(session.window())
+            return False
+
         try:
             sent = node.creating
             if sent is not None:
@@ -362,35 +377,15 @@ class Queue:
                     node.uncertain = False
                 except (LockError, OSError):
                     node.uncertain = True
-            while not self.closed and node.contender is not None and node.alive:
-                try:
-                    await self._client.remove(node.contender.remove, session.window())
-                    if not node.uncertain:
-                        return
-                    # a create that failed unanswered may still be applied late: sweep once more
-                    node.uncertain = False
-                    await asyncio.sleep(session.window())
-                    continue
-                except EtcdUnavailable:
-                    pass
-                except LockError as exc:
-                    logger.warning("could not delete the etcd key of %r: %s", node.name, exc)
-                    return
-                await asyncio.sleep(backoff.next())
+            await until_done(step, moot=moot, backoff=Backoff(), retry=(EtcdUnavailable,))
+        except LockError as exc:
+            logger.warning("could not delete the etcd key of %r: %s", node.name, exc)
         finally:
             self.pass_turn(node)
-
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     async def aclose(self) -> None:
         """Stop: waiters see the client closed; clean-ups are moot (the lease is revoked)."""
         self.closed = True
         self.lease_gone()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=self._session.window())
+        self.tasks.cancel()
+        await self.tasks.aclose(within=self._session.window())

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import grpc.aio
 
 from ..._timing import REQUEST_WINDOW
+from .._background import Background
 from ._channel import Endpoint
 from ._replies import DELETE, Event, WatchResult
 from ._wire import NOPUT, watch_cancel_request, watch_create_request
@@ -107,7 +108,8 @@ class Watches:
         self._watches: dict[int, Watch] = {}
         # asked for, not yet confirmed by etcd: it confirms in the order asked
         self._creating: deque[Watch] = deque()
-        self._cancels: set[asyncio.Task[None]] = set()
+        #: requests to etcd to drop a watch, sent in the background
+        self._cancels = Background()
 
     async def watch(
         self, key: bytes, start_revision: int, timeout: float, range_end: bytes = b"", *, events: bool = False
@@ -221,9 +223,7 @@ class Watches:
                 async with asyncio.timeout(REQUEST_WINDOW):  # best effort: a watch left on etcd costs it little
                     await call.write(watch_cancel_request(watch_id))
 
-        task = asyncio.get_running_loop().create_task(cancel(), name="asynclock-etcd-unwatch")
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        self._cancels.spawn(cancel())
 
     def fail(self, reason: str) -> None:
         """Close the stream: every watch on it fires ``"lost"``."""
@@ -243,8 +243,7 @@ class Watches:
 
     async def close(self) -> None:
         reader = self._reader
-        for task in list(self._cancels):
-            task.cancel()
+        self._cancels.cancel()
         self.fail("the client was closed")
         if reader is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
