@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
 
 from ..._errors import LockError
 from ..._values import LockInfo
+from ...abc import LockRef
 from ._client import EtcdClient
-from ._queue import Node
-from ._recipe import RESERVED, Layout, permits_of, unescape_name
+from ._node import Node
+from ._recipe import RESERVED, Layout, permits_of, rw_holders, unescape_name
 from ._replies import KeyValue
 from ._session import Session
 from ._wire import ASCEND, SORT_CREATE, prefix_end, range_request
@@ -32,6 +34,26 @@ async def check_permits(client: EtcdClient, name: str, leases: bytes, permits: i
 
 
 async def describe(
+    client: EtcdClient, session: Session, nodes: Iterable[Node], ref: LockRef, key: str, *, local: int = 0
+) -> LockInfo:
+    """What etcd says of the primitive ``ref`` whose lock key is ``key``: who holds it (a
+    read-write lock: the readers ahead of the first writer, or that writer; a semaphore:
+    the first ``permits`` leases) and how many wait (a semaphore's: at its mutex; a
+    Mutex's and an Election's: ``local`` tasks of this client too). ``nodes``: this
+    client's, whose holders are shown by hold id (others by key)."""
+    if ref.kind in ("lock", "fair", "election"):
+        return await _describe(
+            client, session, nodes, ref.name, key, f"{key}/".encode(), lambda kvs: kvs[:1], local=local
+        )
+    if ref.kind in ("read", "write"):
+        pick = functools.partial(rw_holders, rw_key=key)
+        return await _describe(client, session, nodes, ref.name, key, f"{key}/".encode(), pick)
+    permits = ref.permits
+    leases, waiting = f"{key}/leases/".encode(), f"{key}/locks/".encode()
+    return await _describe(client, session, nodes, ref.name, key, leases, lambda kvs: kvs[:permits], queue=waiting)
+
+
+async def _describe(
     client: EtcdClient,
     session: Session,
     nodes: Iterable[Node],
