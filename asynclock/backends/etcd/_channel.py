@@ -68,9 +68,7 @@ class Endpoint:
     that may be the member's (unreachable, no leader, timed out).
     """
 
-    def __init__(
-        self, host: str, port: int, tls: TlsOptions | None, on_trouble: Callable[[Endpoint], None] = lambda _: None
-    ) -> None:
+    def __init__(self, host: str, port: int, tls: TlsOptions | None, on_trouble: Callable[[Endpoint], None]) -> None:
         self.host = host
         self.port = port
         self.tls = tls
