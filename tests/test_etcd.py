@@ -646,6 +646,39 @@ async def test_a_create_sent_before_its_acquire_was_cancelled_leaves_no_key(etcd
             await admin.close()
 
 
+async def test_a_release_finished_later_stops_once_the_lease_is_gone_and_passes_the_turn_on(
+    etcd_fresh: EtcdServer,
+) -> None:
+    """The background deletion of a released key is moot once its lease is gone.
+
+    etcd, paused, answers nothing: the release fails and its key's deletion is
+    retried in the background, until the lease (unconfirmed for a lease time)
+    is gone, with every key of it. Then the deletion ends while etcd is still
+    paused, and the next task of the client gets its turn at the lock.
+    """
+    async with asynclock.connect(etcd_fresh.url, ttl=TTL, prefix="moot") as locks:
+        etcd = backend(locks)
+        lease = await locks.lock("m").acquire()
+        old_lease = etcd.lease_id
+        queue = etcd._queue
+        try:
+            etcd_fresh.pause()
+            with pytest.raises(BackendUnavailable):
+                await asyncio.wait_for(etcd.release(LockRef("lock", "m"), lease._hold), scaled(5))
+            assert len(queue.tasks) == 1  # the deletion goes on in the background
+            await eventually(lambda: not queue.tasks, scaled(5), "the background deletion ended")
+            assert etcd.lease_id != old_lease  # (gone: none yet, etcd being paused)
+        finally:
+            etcd_fresh.resume()
+        await asyncio.wait_for(lease.wait_lost(), scaled(5))
+
+        async def take() -> int | None:
+            async with locks.lock("m") as again:  # its turn was passed on, or it would wait for ever
+                return again.token
+
+        assert await asyncio.wait_for(asyncio.create_task(take()), scaled(10)) is not None
+
+
 async def test_a_lease_not_confirmed_within_the_lease_time_is_gone_and_a_new_one_serves(harness: EtcdHarness) -> None:
     """The watchdog's renewals are the lease's keep-alives while the client holds a
     lock. With the watchdog stopped, the lease's confirmation grows older than the

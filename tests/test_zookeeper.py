@@ -843,6 +843,56 @@ async def test_a_release_that_cannot_reach_the_server_is_bounded_and_finished_la
         await asyncio.wait_for(lease.wait_lost(), scaled(5))
 
 
+async def test_a_release_finished_later_stops_once_its_session_expired_without_a_request(
+    zk: ZooKeeperHarness, proxy: TcpProxy
+) -> None:
+    """The background deletion of a released node is moot once its session is over.
+
+    The server deleted the node with the session; the retrying clean-up, woken
+    by the reconnect under a new session, sends nothing and ends.
+    """
+    locks = asynclock.connect(f"zk://127.0.0.1:{proxy.port}", ttl=scaled(1.5), prefix=zk.prefix)
+    async with locks:
+        backend = backend_of(locks)
+        session = backend.session
+        lock = locks.lock("moot")
+        lease = await lock.acquire()
+        sid = session.session_id
+        node = backend._holds.get(lease._hold)
+        assert node is not None and node.path is not None
+        proxy.refuse(True)
+        proxy.reset()
+        await eventually(lambda: not session.connected, scaled(2), "disconnect noticed")
+        with pytest.raises(BackendUnavailable):
+            await asyncio.wait_for(backend.release(LockRef("lock", "moot"), lease._hold), scaled(5))
+        assert len(backend._nodes.tasks) == 1  # the deletion goes on in the background
+        admin = await zk.admin()
+
+        async def expired() -> bool:
+            return not await admin.contenders(lock.key)
+
+        await until(expired, "the server expired the session and its node")
+        finisher = node.finisher
+        assert finisher is not None and not finisher.done()
+        sent: list[tuple[int, str]] = []
+        original = session._send
+
+        def spy(conn: Any, request: Any, path: str, watch: Any = None) -> asyncio.Future[Any]:
+            if asyncio.current_task() is finisher:
+                sent.append((int(request.opcode), path))
+            return original(conn, request, path, watch)
+
+        session._send = spy  # type: ignore[method-assign]
+        proxy.refuse(False)
+        await eventually(lambda: session.connected and session.session_id not in (0, sid), scaled(5), "a new session")
+        await eventually(lambda: not backend._nodes.tasks, scaled(5), "the background deletion ended")
+        assert backend._holds.get(lease._hold) is None
+        assert sent == []
+        await asyncio.wait_for(lease.wait_lost(), scaled(5))
+        async with locks.lock("after"):  # the new session serves
+            pass
+
+
 # -- interop -------------------------------------------------------------------------------
 
 

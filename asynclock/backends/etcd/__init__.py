@@ -69,7 +69,6 @@ tokens are create revisions.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,24 +79,21 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._errors import BackendUnavailable, LockError
 from ..._options import DEFAULT_CONNECT_TIMEOUT
-from ..._values import Leader, LockInfo, LossReason
+from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
-from . import _recipe
 from ._channel import TlsOptions
 from ._client import EtcdClient
-from ._describe import check_permits, describe, lock_names
+from ._describe import describe, lock_names
 from ._election import EtcdLeaderWatch, read_leader
-from ._queue import Node, Queue
+from ._holds import Holds
+from ._node import Node
+from ._primitives import node_for
+from ._queue import Queue
 from ._recipe import Layout
-from ._replies import TxnResult
-from ._session import Lease, Session
+from ._session import Session
 from ._url import parse_url, target
-from ._wire import Op
 
 __all__ = ["EtcdBackend", "parse_url"]
-
-#: Most operations of one etcd transaction (etcd's ``--max-txn-ops`` default).
-_MAX_TXN_OPS = 128
 
 
 class EtcdBackend:
@@ -128,14 +124,15 @@ class EtcdBackend:
         self._layout = Layout(f"{path}/{prefix}" if path else prefix)
         self._ttl = ttl
         self._connect_timeout = connect_timeout
-        self._session = Session(self._client, ttl=ttl, on_gone=self._lease_gone, holding=self._holding)
+        self._session = Session(
+            self._client,
+            ttl=ttl,
+            on_gone=lambda lease, reason, expired: self._holds.lease_gone(lease, reason, expired),
+            holding=lambda: self._holds.holding(),
+        )
         self._queue = Queue(self._client, self._session)
-        #: every acquisition this client has a key (or a turn) for, by hold id
-        self._nodes: dict[str, Node] = {}
-        #: the nodes that hold now (the watchdog keeps the lease alive while there are any)
-        self._held: set[Node] = set()
+        self._holds = Holds(self._client, self._session, self._queue)
         self._serial = 0
-        self._hooks: BackendHooks | None = None
 
     def __repr__(self) -> str:
         return f"<EtcdBackend {self._client.addresses} base={self._layout.base!r}>"
@@ -226,7 +223,7 @@ class EtcdBackend:
 
     async def start(self, hooks: BackendHooks) -> None:
         """Reach a member (and log in), and get the client's lease, within the connect timeout."""
-        self._hooks = hooks
+        self._holds.hooks = hooks
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._connect_timeout
         await self._client.connect(self._connect_timeout)
@@ -235,17 +232,17 @@ class EtcdBackend:
     async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
         """Create the hold's key (once per hold) and read the contenders, in one round trip when free."""
         self.check_ttl(ttl)
-        node = self._nodes.get(hold)
+        node = self._holds.get(hold)
         if node is None:
             node = self._join(ref, hold, ttl)
         if node.turn is not None:  # another task of this client has the client's key of this lock
             if enqueue:
                 return Queued(None)
-            self._forget(node)
-            self._queue.leave_turns(node)
+            self._holds.forget(node)
+            self._queue.turns.leave(node)
             return Busy(None)
         if await self._advance(node, wait=False, until=None):
-            return self._acquired(node)
+            return self._holds.acquired(node)
         if enqueue:
             return Queued(None)
         await self._leave(node)
@@ -253,17 +250,17 @@ class EtcdBackend:
 
     async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
         """Wait for this client's turn at the lock, then watch the key ahead until the hold's key holds."""
-        node = self._nodes.get(hold)
+        node = self._holds.get(hold)
         if node is None:  # left the queue after a failure: join it again
             node = self._join(ref, hold, ttl)
-        if node.turn is not None and not await self._queue.wait_turn(node, until):
+        if node.turn is not None and not await self._queue.turns.wait(node, until):
             return Queued(None)
         if await self._advance(node, wait=True, until=until):
-            return self._acquired(node)
+            return self._holds.acquired(node)
         return Queued(None)
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
-        node = self._nodes.get(hold)
+        node = self._holds.get(hold)
         if node is None or not node.held or not node.alive:
             return False
         node.count = count
@@ -275,21 +272,21 @@ class EtcdBackend:
         A key whose create is not answered yet (an acquire cut short) is
         deleted in the background once it is. True only if a held key was deleted.
         """
-        node = self._nodes.pop(hold, None)
+        node = self._holds.pop(hold)
         if node is None:
             return False
         queue = self._queue
         if node.turn is not None:  # it never had a key: out of the client's turns
-            queue.leave_turns(node)
+            queue.turns.leave(node)
             return False
         mutex, node.mutex = node.mutex, None
         if mutex is not None:  # a semaphore's waiter: the next one's turn at the mutex
             await queue.let_go(mutex)
         held, node.held = node.held, False
-        self._let_go_of(node)
+        self._holds.let_go_of(node)
         if not node.has_key or queue.closed:
             # no key, or its lease is gone (and every key of it)
-            queue.pass_turn(node)
+            queue.turns.pass_on(node)
             return False
         if node.creating is not None or node.uncertain:
             queue.finish_later(node)
@@ -300,58 +297,17 @@ class EtcdBackend:
         except BaseException:
             queue.finish_later(node)  # (a retry of this release finds nothing: the front counts it done)
             raise
-        queue.pass_turn(node)
+        queue.turns.pass_on(node)
         return held and deleted > 0
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
         """One keep-alive of the client's lease and one transaction reading the held keys."""
-        lease = self._session.usable()
-        nodes = [self._nodes.get(item.hold) for item in items]
-        if lease is None:
-            return [False] * len(items)
-        live = [node for node in nodes if node is not None and node.held and node.lease is lease]
-        keys = [node.contender.key for node in live if node.contender is not None]
-        timeout = self.lease_time(self._ttl)
-        reads = [
-            self._client.txn([], [Op.range(key) for key in keys[i : i + _MAX_TXN_OPS]], timeout=timeout)
-            for i in range(0, len(keys), _MAX_TXN_OPS)
-        ]
-        answers = await asyncio.gather(self._session.keepalive(lease, timeout), *reads, return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
-        if answers[0] is not True:
-            return [False] * len(items)
-        found: dict[bytes, int] = {}
-        for txn in answers[1:]:
-            assert isinstance(txn, TxnResult)
-            for index in range(len(txn.responses)):
-                for kv in txn.range(index).kvs:
-                    found[kv.key] = kv.create_revision
-        return [
-            node is not None
-            and node.lease is lease
-            and node.contender is not None
-            and found.get(node.contender.key) == node.revision
-            for node in nodes
-        ]
+        return await self._holds.renew(items, self.lease_time(self._ttl))
 
     async def info(self, ref: LockRef) -> LockInfo:
         key = self.lock_key(ref)
-        nodes = self._nodes.values()
-        if ref.kind in ("lock", "fair", "election"):
-            local = self._queue.waiting_turns(key)
-            return await describe(
-                self._client, self._session, nodes, ref.name, key, f"{key}/".encode(), lambda kvs: kvs[:1], local=local
-            )
-        if ref.kind in ("read", "write"):
-            pick = functools.partial(_recipe.rw_holders, rw_key=key)
-            return await describe(self._client, self._session, nodes, ref.name, key, f"{key}/".encode(), pick)
-        permits = ref.permits
-        leases, waiting = f"{key}/leases/".encode(), f"{key}/locks/".encode()
-        return await describe(
-            self._client, self._session, nodes, ref.name, key, leases, lambda kvs: kvs[:permits], queue=waiting
-        )
+        local = self._queue.turns.waiting(key)  # (tasks of this client waiting for its key of a Mutex)
+        return await describe(self._client, self._session, self._holds.nodes(), ref, key, local=local)
 
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: the first candidate's value (identity) and create revision (token)."""
@@ -377,31 +333,13 @@ class EtcdBackend:
     # -- helpers ----------------------------------------------------------------------------
 
     def _join(self, ref: LockRef, hold: str, ttl: float) -> Node:
-        """A new node for ``hold``: a contender of ``ref``'s recipe (or a turn at the client's
-        one key of a Mutex, behind another task of the client that has it)."""
-        key = self.lock_key(ref)
+        """A new node for ``hold`` (a Mutex's or an Election's waits for its turn at the client's
+        one key, behind another task of the client that has it)."""
         self._serial += 1
-        serial = self._serial
-        if ref.kind in ("lock", "fair", "election"):
-            # (the Mutex and the Election key a contender by its lease: the client's tasks take turns)
-            if ref.kind == "election":
-                identity = ref.identity or ""
-                node = Node(ref.name, hold, ttl, lambda lease: _recipe.candidate(key, lease, identity), turns=key)
-            else:
-                node = Node(ref.name, hold, ttl, lambda lease: _recipe.mutex(key, lease), turns=key)
-            if not self._queue.take_turn(node):
-                self._queue.join_turns(node)
-        elif ref.kind == "write":
-            node = Node(ref.name, hold, ttl, lambda lease: _recipe.writer(key, lease, serial))
-        elif ref.kind == "read":
-            node = Node(ref.name, hold, ttl, lambda lease: _recipe.reader(key, lease, serial))
-        else:
-            permits = ref.permits
-            node = Node(ref.name, hold, ttl, lambda lease: _recipe.semaphore_lease(key, lease, serial, permits))
-            node.mutex = Node(ref.name, hold, ttl, lambda lease: _recipe.semaphore_mutex(key, lease, serial))
-            leases = f"{key}/leases/".encode()
-            node.verify = lambda: check_permits(self._client, ref.name, leases, permits, self._session.window())
-        self._nodes[hold] = node
+        node = node_for(ref, hold, ttl, self.lock_key(ref), self._serial, self._client, self._session)
+        if node.turns is not None and not self._queue.turns.take(node):
+            self._queue.turns.join(node)
+        self._holds.add(node)
         return node
 
     async def _advance(self, node: Node, *, wait: bool, until: float | None) -> bool:
@@ -416,41 +354,8 @@ class EtcdBackend:
 
     async def _leave(self, node: Node) -> None:
         """Take ``node`` (and a semaphore's mutex) out of the queue, in the caller's task where it can."""
-        self._forget(node)
+        self._holds.forget(node)
         mutex, node.mutex = node.mutex, None
         await self._queue.let_go(node)
         if mutex is not None:
             await self._queue.let_go(mutex)
-
-    def _forget(self, node: Node) -> None:
-        if self._nodes.get(node.hold) is node:
-            del self._nodes[node.hold]
-        self._let_go_of(node)
-
-    def _let_go_of(self, node: Node) -> None:
-        """``node`` holds no more; after the last hold the lease needs the backend's keep-alives again."""
-        if node in self._held:
-            self._held.discard(node)
-            if not self._held:
-                self._session.holds_ended()
-
-    def _acquired(self, node: Node) -> Acquired:
-        """Held: the token is the key's create revision, the proof the confirmation of its lease."""
-        assert node.lease is not None
-        self._held.add(node)
-        return Acquired(node.revision, confirmed_at=node.lease.confirmed_at)
-
-    def _holding(self) -> bool:
-        return bool(self._held)
-
-    def _lease_gone(self, lease: Lease, reason: str, expired: bool) -> None:
-        """The lease ``lease`` is gone: every hold under it is lost, waiters queue again."""
-        self._queue.lease_gone()
-        gone = [node for node in self._held if node.lease is lease]
-        for node in gone:
-            self._held.discard(node)
-        lost = [node.hold for node in gone]
-        if lost and self._hooks is not None:
-            # what carried the holds ended (etcd says so), or was not confirmed by their deadline
-            loss = LossReason.CONNECTION_LOST if expired else LossReason.RENEWAL_FAILED
-            self._hooks.lose(lost, f"the etcd lease was lost: {reason}", loss)

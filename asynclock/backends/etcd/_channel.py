@@ -1,12 +1,16 @@
-"""Where an etcd client connects: one member's address and its gRPC channel, and TLS.
+"""Where an etcd client connects: one member's address, its gRPC channel and its error edge, and TLS.
 
 A channel is made on first use and reconnects by itself; its settings make
-it come back quickly after a member restarts.
+it come back quickly after a member restarts. A member's edge
+(:attr:`Endpoint.edge`) is entered around every request sent to it: what
+grpc raises becomes asynclock's error there, and a member in trouble is
+reported (the client then sends the next requests to another one).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +18,8 @@ import grpc
 import grpc.aio
 
 from ..._errors import ConfigurationError
+from .._edge import MapErrors
+from ._errors import failure
 
 __all__ = ["Endpoint", "TlsOptions"]
 
@@ -56,14 +62,28 @@ class TlsOptions:
 
 
 class Endpoint:
-    """One member's address and its gRPC channel (made on first use)."""
+    """One member's address and its gRPC channel (made on first use).
 
-    def __init__(self, host: str, port: int, tls: TlsOptions | None) -> None:
+    ``on_trouble(endpoint)`` is called when a request to it failed in a way
+    that may be the member's (unreachable, no leader, timed out).
+    """
+
+    def __init__(self, host: str, port: int, tls: TlsOptions | None, on_trouble: Callable[[Endpoint], None]) -> None:
         self.host = host
         self.port = port
         self.tls = tls
         self.channel: Any = None
         self._methods: dict[str, Any] = {}
+        self._on_trouble = on_trouble
+        #: ``with endpoint.edge:`` around a request to this member: any failure of it is ours
+        self.edge = MapErrors(self.translate, catch=(Exception,))
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """``exc``, raised by a request to this member, as asynclock's error (:func:`._errors.failure`)."""
+        error, trouble = failure(exc, self.address)
+        if trouble:
+            self._on_trouble(self)
+        return error
 
     @property
     def address(self) -> str:

@@ -17,10 +17,12 @@ What it does, and why it is ours rather than a general client's:
   stream broke, the watch was cancelled or its revision compacted: the
   watcher reads again, as after any reconnect).
 * Authentication: a user and password get a token (``Authenticate``) sent
-  with every request; an expired token is renewed once, transparently.
-  Refused credentials or permissions raise :class:`~asynclock.ConfigurationError`.
+  with every request; an expired token is renewed once, transparently
+  (:mod:`._auth`). Refused credentials or permissions raise
+  :class:`~asynclock.ConfigurationError`.
 
-Errors: gRPC's are translated here; nothing of grpc leaks out.
+Errors: gRPC's become ours at the edge of the member a request went to
+(``Endpoint.edge``, :mod:`._errors`); nothing of grpc leaks out.
 """
 
 from __future__ import annotations
@@ -35,11 +37,23 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._errors import ConfigurationError, LockError
 from ..._timing import Backoff
-from . import _replies, _wire
+from ._auth import Login
 from ._channel import Endpoint, TlsOptions
+from ._errors import EtcdError, EtcdUnavailable
+from ._replies import LeaseResult, RangeResult, TxnResult, deleted_count, parse_delete
 from ._watch import Watch, Watches
+from ._wire import (
+    Compare,
+    Op,
+    delete_request,
+    lease_grant_request,
+    lease_id_request,
+    lease_ttl_request,
+    range_request,
+    txn_request,
+)
 
 __all__ = ["EtcdClient", "EtcdError", "EtcdUnavailable", "TlsOptions", "Watch"]
 
@@ -47,31 +61,10 @@ logger = logging.getLogger("asynclock")
 
 _KV = "/etcdserverpb.KV/"
 _LEASE = "/etcdserverpb.Lease/"
-_AUTH = "/etcdserverpb.Auth/Authenticate"
 
 #: Metadata that makes a member refuse a stream while it has no leader
 #: (otherwise a member cut off from the others keeps a watch open and silent).
 _REQUIRE_LEADER = ("hasleader", "true")
-
-
-class EtcdError(LockError):
-    """etcd refused a request; ``code`` is the gRPC status name, ``details`` etcd's words."""
-
-    def __init__(self, code: str, details: str, address: str = "") -> None:
-        self.code = code
-        self.details = details
-        where = f" ({address})" if address else ""
-        super().__init__(f"etcd{where}: {details or code}")
-
-
-class EtcdUnavailable(BackendUnavailable):
-    """No answer from etcd in time (or the connection broke): the outcome is unknown."""
-
-
-#: status codes that say "this member could not serve it now": try another one
-_MEMBER_TROUBLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL", "ABORTED"})
-#: what etcd says when a credential or a permission is refused
-_REFUSED = ("authentication failed", "permission denied", "user name is empty", "user name not found")
 
 
 class EtcdClient:
@@ -87,13 +80,9 @@ class EtcdClient:
     ) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoints given")
-        self._endpoints = [Endpoint(host, port, tls) for host, port in endpoints]
+        self._endpoints = [Endpoint(host, port, tls, on_trouble=self._rotate) for host, port in endpoints]
         self._index = random.randrange(len(self._endpoints))
-        self._user = user
-        self._password = password
-        self._token: str | None = None
-        self._metadata: tuple[tuple[str, str], ...] = ()
-        self._auth_lock: asyncio.Lock | None = None
+        self._login = Login(user, password)
         # the keep-alive stream: one request and its answer at a time
         self._ka_call: Any = None
         self._ka_endpoint: Endpoint | None = None
@@ -123,35 +112,10 @@ class EtcdClient:
     @property
     def stream_metadata(self) -> tuple[tuple[str, str], ...]:
         """What a stream is opened with: the auth token, and "only a member that has a leader"."""
-        return (*self._metadata, _REQUIRE_LEADER)
-
-    # -- errors ------------------------------------------------------------------------
-
-    def translate(self, exc: BaseException, endpoint: Endpoint) -> LockError:
-        """A grpc error as ours; moves later requests to the next member if this one is in trouble."""
-        if isinstance(exc, LockError):
-            return exc
-        if isinstance(exc, grpc.aio.AioRpcError):
-            code = exc.code().name
-            details = exc.details() or ""
-            lowered = details.lower()
-            if code == "PERMISSION_DENIED" or any(words in lowered for words in _REFUSED):
-                return ConfigurationError(f"etcd at {endpoint.address} refused this client: {details}")
-            if code == "UNAVAILABLE" and ("certificate" in lowered or "handshake" in lowered or "ssl" in lowered):
-                return ConfigurationError(f"etcd at {endpoint.address}: TLS failed: {details}")
-            if code in _MEMBER_TROUBLE:
-                self._rotate(endpoint)
-                return EtcdUnavailable(f"etcd at {endpoint.address} did not answer: {details or code}")
-            return EtcdError(code, details, endpoint.address)
-        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-            self._rotate(endpoint)
-            return EtcdUnavailable(f"etcd at {endpoint.address} did not answer in time")
-        if isinstance(exc, OSError):
-            self._rotate(endpoint)
-            return EtcdUnavailable(f"etcd at {endpoint.address}: {exc!r}")
-        return EtcdUnavailable(f"etcd at {endpoint.address}: {exc!r}")
+        return (*self._login.metadata, _REQUIRE_LEADER)
 
     def _rotate(self, endpoint: Endpoint) -> None:
+        """``endpoint`` is in trouble: if requests go to it, the next ones go to the next member."""
         if self._endpoints[self._index] is endpoint and len(self._endpoints) > 1:
             self._index = (self._index + 1) % len(self._endpoints)
             logger.debug("etcd: %s failed, next requests go to %s", endpoint.address, self.current)
@@ -166,32 +130,32 @@ class EtcdClient:
         """Send one unary request to the current member; its raw answer.
 
         An expired auth token is renewed and the request sent once more (it
-        was refused, so it did nothing).
+        was refused, so it did nothing). Every failure is ours (:mod:`._errors`).
         """
         self._check_open()
         endpoint = self._endpoints[self._index]
-        for attempt in (0, 1):
+        login = self._login
+        with endpoint.edge:
             try:
                 self.requests += 1
                 answer: bytes = await endpoint.unary(path)(
-                    request, timeout=max(timeout, 0.001), metadata=self._metadata
+                    request, timeout=max(timeout, 0.001), metadata=login.metadata
                 )
                 return answer
             except grpc.aio.AioRpcError as exc:
-                if attempt == 0 and self._token_expired(exc):
-                    await self._authenticate(endpoint, timeout, stale=self._token)
-                    continue
-                raise self.translate(exc, endpoint) from exc
-            except Exception as exc:  # any other failure of grpc (a closed channel, …) is ours too
-                raise self.translate(exc, endpoint) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+                if not login.expired(exc):
+                    raise
+            await login.log_in(endpoint, timeout, stale=login.token)
+            self.requests += 1
+            answer = await endpoint.unary(path)(request, timeout=max(timeout, 0.001), metadata=login.metadata)
+            return answer
 
     def send(self, path: str, request: bytes, timeout: float) -> Sent:
         """Send one unary request that goes on if its caller stops waiting (see :class:`Sent`)."""
         self._check_open()
         self.requests += 1
         endpoint = self._endpoints[self._index]
-        call = endpoint.unary(path)(request, timeout=max(timeout, 0.001), metadata=self._metadata)
+        call = endpoint.unary(path)(request, timeout=max(timeout, 0.001), metadata=self._login.metadata)
         return Sent(self, endpoint, call, path, request, timeout)
 
     async def _answer(self, sent: Sent) -> bytes:
@@ -199,41 +163,16 @@ class EtcdClient:
         call = sent.call
         if call.cancelled():  # only closing the channel cancels it
             raise EtcdUnavailable(f"etcd at {sent.endpoint.address}: the request was cancelled (client closed)")
-        try:
-            answer: bytes = await call
-            return answer
-        except grpc.aio.AioRpcError as exc:
-            if not self._token_expired(exc):
-                raise self.translate(exc, sent.endpoint) from exc
-        except Exception as exc:  # any other failure of grpc is ours too
-            raise self.translate(exc, sent.endpoint) from exc
-        # refused, so it did nothing: log in again and send it once more
-        await self._authenticate(sent.endpoint, sent.timeout, stale=self._token)
-        return await self.call(sent.path, sent.request, sent.timeout)
-
-    def _token_expired(self, exc: Any) -> bool:
-        return (
-            self._user is not None
-            and exc.code().name in ("UNAUTHENTICATED", "INVALID_ARGUMENT")
-            and "invalid auth token" in (exc.details() or "").lower()
-        )
-
-    async def _authenticate(self, endpoint: Endpoint, timeout: float, stale: str | None = None) -> None:
-        """Get a token for the user (once for every caller that found it stale)."""
-        if self._user is None:
-            return
-        if self._auth_lock is None:
-            self._auth_lock = asyncio.Lock()
-        async with self._auth_lock:
-            if self._token is not None and self._token != stale:
-                return
-            request = _wire.authenticate_request(self._user, self._password or "")
+        with sent.endpoint.edge:
             try:
-                answer = await endpoint.unary(_AUTH)(request, timeout=max(timeout, 0.001))
+                answer: bytes = await call
+                return answer
             except grpc.aio.AioRpcError as exc:
-                raise self.translate(exc, endpoint) from exc
-            self._token = _replies.parse_token(answer)
-            self._metadata = (("token", self._token),)
+                if not self._login.expired(exc):
+                    raise
+        # refused, so it did nothing: log in again and send it once more
+        await self._login.log_in(sent.endpoint, sent.timeout, stale=self._login.token)
+        return await self.call(sent.path, sent.request, sent.timeout)
 
     async def connect(self, timeout: float) -> None:
         """Reach one member (and log in): every endpoint in turn until ``timeout``.
@@ -253,12 +192,12 @@ class EtcdClient:
                 break
             per_try = max(0.05, min(left, timeout / len(self._endpoints)))
             try:
-                if self._user is not None:
-                    self._token = None
-                    await self._authenticate(endpoint, per_try)
+                if self._login.user is not None:
+                    self._login.token = None
+                    await self._login.log_in(endpoint, per_try)
                 else:
                     # any cheap request proves the member serves (a serializable read)
-                    await self.call(_KV + "Range", _wire.range_request(b"\x00", count_only=True), per_try)
+                    await self.call(_KV + "Range", range_request(b"\x00", count_only=True), per_try)
                 return
             except ConfigurationError:
                 raise
@@ -272,52 +211,46 @@ class EtcdClient:
             await asyncio.sleep(min(backoff.next(), left))
         raise EtcdUnavailable(f"no etcd member of {self.addresses} answered within {timeout:g}s: {last}") from last
 
-    async def range(self, request: bytes, timeout: float) -> _replies.RangeResult:
-        return _replies.RangeResult.parse(await self.call(_KV + "Range", request, timeout))
+    async def range(self, request: bytes, timeout: float) -> RangeResult:
+        return RangeResult.parse(await self.call(_KV + "Range", request, timeout))
 
     async def txn(
         self,
-        compares: Sequence[_wire.Compare],
-        success: Sequence[_wire.Op],
-        failure: Sequence[_wire.Op] = (),
+        compares: Sequence[Compare],
+        success: Sequence[Op],
+        failure: Sequence[Op] = (),
         *,
         timeout: float,
-    ) -> _replies.TxnResult:
-        request = _wire.txn_request(compares, success, failure)
-        return _replies.TxnResult.parse(await self.call(_KV + "Txn", request, timeout))
+    ) -> TxnResult:
+        request = txn_request(compares, success, failure)
+        return TxnResult.parse(await self.call(_KV + "Txn", request, timeout))
 
     def send_txn(self, request: bytes, *, timeout: float) -> Sent:
         """A transaction (a ``txn_request``) that goes on if its caller stops waiting;
         ``TxnResult.parse`` its answer."""
         return self.send(_KV + "Txn", request, timeout)
 
-    async def delete(self, key: bytes, timeout: float, range_end: bytes = b"") -> _replies.RangeResult:
+    async def delete(self, key: bytes, timeout: float, range_end: bytes = b"") -> RangeResult:
         """Delete ``key`` (or the range); ``count`` of the answer is how many keys went."""
-        return _replies.parse_delete(
-            await self.call(_KV + "DeleteRange", _wire.delete_request(key, range_end), timeout)
-        )
+        return parse_delete(await self.call(_KV + "DeleteRange", delete_request(key, range_end), timeout))
 
     async def remove(self, request: bytes, timeout: float) -> int:
         """Send an encoded ``delete_request``; how many keys went."""
-        return _replies.deleted_count(await self.call(_KV + "DeleteRange", request, timeout))
+        return deleted_count(await self.call(_KV + "DeleteRange", request, timeout))
 
-    async def grant(self, ttl: int, lease_id: int, timeout: float) -> _replies.LeaseResult:
+    async def grant(self, ttl: int, lease_id: int, timeout: float) -> LeaseResult:
         """Grant the lease ``lease_id`` (chosen by the caller, so a repeated grant is recognised)."""
-        return _replies.LeaseResult.parse(
-            await self.call(_LEASE + "LeaseGrant", _wire.lease_grant_request(ttl, lease_id), timeout)
-        )
+        return LeaseResult.parse(await self.call(_LEASE + "LeaseGrant", lease_grant_request(ttl, lease_id), timeout))
 
     async def revoke(self, lease_id: int, timeout: float) -> None:
-        await self.call(_LEASE + "LeaseRevoke", _wire.lease_id_request(lease_id), timeout)
+        await self.call(_LEASE + "LeaseRevoke", lease_id_request(lease_id), timeout)
 
-    async def time_to_live(self, lease_id: int, timeout: float) -> _replies.LeaseResult:
-        return _replies.LeaseResult.parse(
-            await self.call(_LEASE + "LeaseTimeToLive", _wire.lease_ttl_request(lease_id), timeout)
-        )
+    async def time_to_live(self, lease_id: int, timeout: float) -> LeaseResult:
+        return LeaseResult.parse(await self.call(_LEASE + "LeaseTimeToLive", lease_ttl_request(lease_id), timeout))
 
     # -- keep-alive ----------------------------------------------------------------------
 
-    async def keepalive(self, lease_id: int, timeout: float) -> _replies.LeaseResult:
+    async def keepalive(self, lease_id: int, timeout: float) -> LeaseResult:
         """One keep-alive of ``lease_id`` on the client's keep-alive stream; its answer
         (``ttl`` <= 0: the lease is gone). A stream that fails or does not answer in
         time is dropped, and the next keep-alive opens one to the next member."""
@@ -335,23 +268,22 @@ class EtcdClient:
                 self._ka_call = endpoint.stream(_LEASE + "LeaseKeepAlive")(metadata=self.stream_metadata)
                 self._ka_endpoint = endpoint
             call = self._ka_call
-            try:
-                async with asyncio.timeout_at(deadline):
-                    self.requests += 1
-                    await call.write(_wire.lease_id_request(lease_id))
-                    answer = await call.read()
-            except BaseException as exc:
-                self._drop_keepalive()
-                if isinstance(exc, grpc.aio.AioRpcError) and self._token_expired(exc):
-                    await self._authenticate(endpoint, max(0.001, deadline - loop.time()), stale=self._token)
-                if isinstance(exc, Exception):
-                    raise self.translate(exc, endpoint) from exc
-                raise
+            with endpoint.edge:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        self.requests += 1
+                        await call.write(lease_id_request(lease_id))
+                        answer = await call.read()
+                except BaseException as exc:
+                    self._drop_keepalive()
+                    if isinstance(exc, grpc.aio.AioRpcError) and self._login.expired(exc):
+                        await self._login.log_in(endpoint, max(0.001, deadline - loop.time()), stale=self._login.token)
+                    raise
             if answer is grpc.aio.EOF:
                 self._drop_keepalive()
                 self._rotate(endpoint)
                 raise EtcdUnavailable(f"etcd at {endpoint.address} closed the keep-alive stream")
-            return _replies.LeaseResult.parse(answer)
+            return LeaseResult.parse(answer)
         finally:
             self._ka_lock.release()
 

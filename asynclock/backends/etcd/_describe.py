@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
 
 from ..._errors import LockError
 from ..._values import LockInfo
-from . import _recipe
+from ...abc import LockRef
 from ._client import EtcdClient
-from ._queue import Node
-from ._recipe import Layout
+from ._node import Node
+from ._recipe import RESERVED, Layout, permits_of, rw_holders, unescape_name
 from ._replies import KeyValue
 from ._session import Session
 from ._wire import ASCEND, SORT_CREATE, prefix_end, range_request
@@ -24,7 +25,7 @@ async def check_permits(client: EtcdClient, name: str, leases: bytes, permits: i
     of permits: the first one speaks for them all (each was checked under the mutex)."""
     request = range_request(leases, prefix_end(leases), limit=1, sort_order=ASCEND, sort_target=SORT_CREATE)
     first = (await client.range(request, timeout)).kvs
-    theirs = _recipe.permits_of(first[0].value) if first else None
+    theirs = permits_of(first[0].value) if first else None
     if theirs is not None and theirs != permits:
         raise ValueError(
             f"semaphore {name!r} is held or awaited with permits={theirs} by other clients;"
@@ -33,6 +34,26 @@ async def check_permits(client: EtcdClient, name: str, leases: bytes, permits: i
 
 
 async def describe(
+    client: EtcdClient, session: Session, nodes: Iterable[Node], ref: LockRef, key: str, *, local: int = 0
+) -> LockInfo:
+    """What etcd says of the primitive ``ref`` whose lock key is ``key``: who holds it (a
+    read-write lock: the readers ahead of the first writer, or that writer; a semaphore:
+    the first ``permits`` leases) and how many wait (a semaphore's: at its mutex; a
+    Mutex's and an Election's: ``local`` tasks of this client too). ``nodes``: this
+    client's, whose holders are shown by hold id (others by key)."""
+    if ref.kind in ("lock", "fair", "election"):
+        return await _describe(
+            client, session, nodes, ref.name, key, f"{key}/".encode(), lambda kvs: kvs[:1], local=local
+        )
+    if ref.kind in ("read", "write"):
+        pick = functools.partial(rw_holders, rw_key=key)
+        return await _describe(client, session, nodes, ref.name, key, f"{key}/".encode(), pick)
+    permits = ref.permits
+    leases, waiting = f"{key}/leases/".encode(), f"{key}/locks/".encode()
+    return await _describe(client, session, nodes, ref.name, key, leases, lambda kvs: kvs[:permits], queue=waiting)
+
+
+async def _describe(
     client: EtcdClient,
     session: Session,
     nodes: Iterable[Node],
@@ -90,9 +111,9 @@ async def lock_names(client: EtcdClient, layout: Layout, timeout: float) -> list
     found = set()
     for kv in answer.kvs:
         segment = kv.key[len(root) :].split(b"/", 1)[0].decode(errors="replace")
-        if segment and segment not in _recipe.RESERVED:
+        if segment and segment not in RESERVED:
             with contextlib.suppress(UnicodeDecodeError):
-                found.add(_recipe.unescape_name(segment))
+                found.add(unescape_name(segment))
     return sorted(found)
 
 

@@ -24,7 +24,8 @@ from collections import deque
 from collections.abc import Iterable
 
 from ..._values import Leader
-from ._client import EtcdClient, EtcdUnavailable
+from ._client import EtcdClient
+from ._errors import EtcdUnavailable
 from ._replies import DELETE, Event, KeyValue
 from ._session import Session
 from ._watch import Watch

@@ -1,13 +1,13 @@
 """The queue of an etcd lock: contender keys created, waited on, and deleted.
 
-A :class:`Node` is one acquisition's contender key (the rules it follows
-are in :mod:`._recipe`). :meth:`Queue.advance` is the one step every request
-takes: create the key under the client's lease if it has none, find out
-whether it holds, and, when asked to wait, watch the one key (or range) that
-blocks it until that is deleted, in the caller's task.
+A :class:`._node.Node` is one acquisition's contender key (the rules it
+follows are in :mod:`._recipe`). :meth:`Queue.advance` is the one step every
+request takes: create the key under the client's lease if it has none, find
+out whether it holds, and, when asked to wait, watch the one key (or range)
+that blocks it until that is deleted, in the caller's task.
 
 The Mutex keys a contender by its lease, so a client has one key per lock:
-its tasks take turns for that key here (:class:`Slot`), first come first
+its tasks take turns for that key (:mod:`._turns`), first come first
 served, and each turn creates the key anew.
 
 Deleting a key is careful about one thing: a create that etcd may still
@@ -24,21 +24,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from ..._errors import LockError
 from ..._timing import Backoff
-from ._client import EtcdClient, EtcdError, EtcdUnavailable, Sent
-from ._recipe import Contender
+from .._background import Background, until_done
+from ._client import EtcdClient
+from ._errors import EtcdError, EtcdUnavailable
+from ._node import Node
 from ._replies import Created
-from ._session import Lease, Session
+from ._session import Session
+from ._turns import Turns
 from ._watch import Watch
 from ._wire import Op
 
-__all__ = ["Node", "Queue", "Slot"]
+__all__ = ["Queue"]
 
 logger = logging.getLogger("asynclock")
 
@@ -46,131 +45,18 @@ logger = logging.getLogger("asynclock")
 CLOSED = "the etcd client is closed"
 
 
-@dataclass(eq=False)
-class Slot:
-    """The one Mutex key a client has per lock, and its tasks' turns for it."""
-
-    owner: str | None = None
-    queue: deque[tuple[str, asyncio.Future[None]]] = field(default_factory=deque)
-
-
-@dataclass(eq=False)
-class Node:
-    """One acquisition's contender key, and what we know of it."""
-
-    name: str
-    hold: str
-    ttl: float
-    #: the contender for a lease id (its key names the lease)
-    make: Callable[[int], Contender]
-    #: the Mutex prefix whose one key of this client this node takes turns for (plain and fair lock)
-    turns: str | None = None
-    contender: Contender | None = None
-    lease: Lease | None = None
-    #: create revision of our key (0: not created, or gone)
-    revision: int = 0
-    count: int = 1
-    held: bool = False
-    #: the local turn this node has, or waits for
-    slot: Slot | None = None
-    turn: asyncio.Future[None] | None = None
-    #: a semaphore's mutex, held while its lease key waits
-    mutex: Node | None = None
-    #: checks what must hold before the key is put (a semaphore's permits, under its mutex)
-    verify: Callable[[], Awaitable[None]] | None = None
-    #: the create request whose answer is not in yet, and whether a create may have landed unseen
-    creating: Sent | None = None
-    uncertain: bool = False
-    finisher: asyncio.Task[None] | None = None
-
-    @property
-    def alive(self) -> bool:
-        """Whether the node's lease (and so its key, if it has one) may still exist."""
-        return self.lease is not None and not self.lease.gone
-
-    @property
-    def has_key(self) -> bool:
-        """Whether a key of this node may exist on the server."""
-        return self.alive and (self.revision != 0 or self.creating is not None or self.uncertain)
-
-
 class Queue:
-    """Contender keys of one client: creating, advancing, taking turns, deleting."""
+    """Contender keys of one client: creating, advancing, deleting (and the tasks' turns, :attr:`turns`)."""
 
     def __init__(self, client: EtcdClient, session: Session) -> None:
         self._client = client
         self._session = session
-        self._slots: dict[str, Slot] = {}
+        #: the client's tasks' turns at its one key of a lock
+        self.turns = Turns()
         self._waits: set[Watch] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        #: the deletions of keys that could not be deleted in their caller's task
+        self.tasks = Background()
         self.closed = False
-
-    # -- turns (the Mutex's one key per client) ------------------------------------------
-
-    def take_turn(self, node: Node) -> bool:
-        """Give ``node`` its client's key of its lock if no other task of the client has it."""
-        assert node.turns is not None
-        slot = self._slots.get(node.turns)
-        if slot is None:
-            slot = self._slots[node.turns] = Slot()
-        if slot.owner is not None and slot.owner != node.hold:
-            return False
-        slot.owner = node.hold
-        node.slot = slot
-        return True
-
-    def join_turns(self, node: Node) -> None:
-        """Queue ``node`` for its lock's key behind the other tasks of this client."""
-        assert node.turns is not None
-        slot = self._slots[node.turns]
-        node.turn = asyncio.get_running_loop().create_future()
-        node.slot = slot
-        slot.queue.append((node.hold, node.turn))
-
-    async def wait_turn(self, node: Node, until: float | None) -> bool:
-        """Wait for ``node``'s turn, at most until the loop time ``until``; whether it came."""
-        turn = node.turn
-        assert turn is not None
-        if not turn.done():
-            timeout = None if until is None else max(0.0, until - asyncio.get_running_loop().time())
-            await asyncio.wait((turn,), timeout=timeout)  # (cancelling the caller leaves the turn as it is)
-            if not turn.done():
-                return False
-        node.turn = None
-        return True
-
-    def leave_turns(self, node: Node) -> None:
-        """``node`` stops waiting for its turn (a turn handed to it meanwhile goes on to the next)."""
-        turn, node.turn = node.turn, None
-        slot, node.slot = node.slot, None
-        if slot is None or turn is None:
-            return
-        with contextlib.suppress(ValueError):
-            slot.queue.remove((node.hold, turn))
-        if turn.done() or slot.owner == node.hold:
-            self._next_turn(node.turns, slot)
-
-    def pass_turn(self, node: Node) -> None:
-        """``node``'s key is gone: the next task's turn."""
-        slot, node.slot = node.slot, None
-        if slot is not None and slot.owner == node.hold:
-            self._next_turn(node.turns, slot)
-
-    def _next_turn(self, key: str | None, slot: Slot) -> None:
-        slot.owner = None
-        while slot.queue:
-            hold, turn = slot.queue.popleft()
-            if not turn.done():
-                slot.owner = hold
-                turn.set_result(None)
-                return
-        if key is not None and self._slots.get(key) is slot:
-            del self._slots[key]
-
-    def waiting_turns(self, key: str) -> int:
-        """Tasks of this client that wait for their turn at the lock ``key``."""
-        slot = self._slots.get(key)
-        return 0 if slot is None else len(slot.queue)
 
     # -- advancing --------------------------------------------------------------------------
 
@@ -326,7 +212,7 @@ class Queue:
         answered yet, a failed request, a cancelled caller) in the background."""
         node.held = False
         if not node.has_key or self.closed:
-            self.pass_turn(node)
+            self.turns.pass_on(node)
             return
         if node.creating is not None or node.uncertain:
             self.finish_later(node)
@@ -339,17 +225,31 @@ class Queue:
             if not isinstance(exc, (LockError, OSError)):
                 raise
             return
-        self.pass_turn(node)
+        self.turns.pass_on(node)
 
     def finish_later(self, node: Node) -> None:
         """Keep deleting ``node``'s key in the background until done or its lease ends."""
         if node.finisher is None or node.finisher.done():
-            node.finisher = self.spawn(self.cleanup(node))
+            node.finisher = self.tasks.spawn(self.cleanup(node))
 
     async def cleanup(self, node: Node) -> None:
-        """Delete ``node``'s key until done or moot (its lease is gone), then pass its turn on."""
-        backoff = Backoff()
+        """Delete ``node``'s key until done or moot (its lease is gone, or the client closed), then pass
+        its turn on."""
         session = self._session
+
+        def moot() -> bool:
+            return self.closed or node.contender is None or not node.alive
+
+        async def step() -> bool:
+            assert node.contender is not None
+            await self._client.remove(node.contender.remove, session.window())
+            if not node.uncertain:
+                return True
+            # a create that failed unanswered may still be applied late: sweep once more, a window later
+            node.uncertain = False
+            await asyncio.sleep(session.window())
+            return False
+
         try:
             sent = node.creating
             if sent is not None:
@@ -361,35 +261,15 @@ class Queue:
                     node.uncertain = False
                 except (LockError, OSError):
                     node.uncertain = True
-            while not self.closed and node.contender is not None and node.alive:
-                try:
-                    await self._client.remove(node.contender.remove, session.window())
-                    if not node.uncertain:
-                        return
-                    # a create that failed unanswered may still be applied late: sweep once more
-                    node.uncertain = False
-                    await asyncio.sleep(session.window())
-                    continue
-                except EtcdUnavailable:
-                    pass
-                except LockError as exc:
-                    logger.warning("could not delete the etcd key of %r: %s", node.name, exc)
-                    return
-                await asyncio.sleep(backoff.next())
+            await until_done(step, moot=moot, backoff=Backoff(), retry=(EtcdUnavailable,))
+        except LockError as exc:
+            logger.warning("could not delete the etcd key of %r: %s", node.name, exc)
         finally:
-            self.pass_turn(node)
-
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+            self.turns.pass_on(node)
 
     async def aclose(self) -> None:
         """Stop: waiters see the client closed; clean-ups are moot (the lease is revoked)."""
         self.closed = True
         self.lease_gone()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=self._session.window())
+        self.tasks.cancel()
+        await self.tasks.aclose(within=self._session.window())

@@ -33,11 +33,12 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..._errors import ConfigurationError, LockError
 from ..._timing import Backoff, request_window
-from ._client import EtcdClient, EtcdError, EtcdUnavailable
+from .._background import Background
+from ._client import EtcdClient
+from ._errors import EtcdError, EtcdUnavailable
 
 __all__ = ["Lease", "Session"]
 
@@ -87,7 +88,8 @@ class Session:
         self._wake: asyncio.Event | None = None
         #: the keeper sleeps while the watchdog keeps the lease alive: a release of the last hold wakes it
         self._behind_watchdog = False
-        self._tasks: set[asyncio.Task[Any]] = set()
+        #: revocations of leases that may still live, sent in the background
+        self._tasks = Background()
         self.closed = False
 
     def lease_time(self, ttl: float) -> float:
@@ -207,7 +209,7 @@ class Session:
             self.current = None
         logger.warning("etcd lease %x of %s lost: %s", lease.id, self._client.addresses, reason)
         if not expired and not self.closed:
-            self._spawn(self._revoke(lease))
+            self._tasks.spawn(self._revoke(lease))
         self._on_gone(lease, reason, expired)
         self.wake()
 
@@ -273,11 +275,6 @@ class Session:
             backoff.reset()
             retry_at = 0.0
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def aclose(self) -> None:
         """Stop keeping the lease alive and revoke it (etcd deletes every key of it at once), bounded."""
         self.closed = True
@@ -291,7 +288,4 @@ class Session:
             lease.gone = True
             with contextlib.suppress(LockError, OSError):
                 await self._client.revoke(lease.id, self.window())
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=self.window())
-        for task in list(self._tasks):
-            task.cancel()
+        await self._tasks.aclose(within=self.window())

@@ -21,18 +21,17 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc.aio
 
 from ..._timing import REQUEST_WINDOW
-from . import _replies, _wire
+from .._background import Background
+from ._channel import Endpoint
+from ._replies import DELETE, Event, WatchResult
+from ._wire import NOPUT, watch_cancel_request, watch_create_request
 
-if TYPE_CHECKING:
-    from ._channel import Endpoint
-    from ._client import EtcdClient
-
-__all__ = ["Watch", "Watches"]
+__all__ = ["Client", "Watch", "Watches"]
 
 logger = logging.getLogger("asynclock")
 
@@ -70,7 +69,7 @@ class Watch:
         self.confirmed = asyncio.Event()
         self.fired = asyncio.Event()
         self.reason = ""
-        self.events: deque[_replies.Event] | None = deque() if events else None
+        self.events: deque[Event] | None = deque() if events else None
         self.changed = asyncio.Event()
 
     def fire(self, reason: str) -> None:
@@ -81,10 +80,27 @@ class Watch:
             self.changed.set()
 
 
+class Client(Protocol):
+    """What the watch stream needs of its client."""
+
+    #: requests sent (a watch's creation counts as one)
+    requests: int
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The member requests go to now."""
+        ...
+
+    @property
+    def stream_metadata(self) -> tuple[tuple[str, str], ...]:
+        """What a stream is opened with."""
+        ...
+
+
 class Watches:
     """The watch stream of one client and the watches on it."""
 
-    def __init__(self, client: EtcdClient) -> None:
+    def __init__(self, client: Client) -> None:
         self._client = client
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
@@ -92,7 +108,8 @@ class Watches:
         self._watches: dict[int, Watch] = {}
         # asked for, not yet confirmed by etcd: it confirms in the order asked
         self._creating: deque[Watch] = deque()
-        self._cancels: set[asyncio.Task[None]] = set()
+        #: requests to etcd to drop a watch, sent in the background
+        self._cancels = Background()
 
     async def watch(
         self, key: bytes, start_revision: int, timeout: float, range_end: bytes = b"", *, events: bool = False
@@ -111,23 +128,22 @@ class Watches:
             await self._lock.acquire()
         try:
             endpoint = client.endpoint
-            try:
-                async with asyncio.timeout_at(deadline):
-                    if self._call is None:
-                        call = endpoint.stream(_WATCH)(metadata=client.stream_metadata)
-                        self._call = call
-                        self._reader = loop.create_task(self._read(call, endpoint), name="asynclock-etcd-watch")
-                    self._creating.append(watch)
-                    client.requests += 1
-                    request = _wire.watch_create_request(
-                        key, range_end, start_revision=start_revision, filters=() if events else (_wire.NOPUT,)
-                    )
-                    await self._call.write(request)
-            except BaseException as exc:
-                self.fail(f"watch request failed: {exc!r}")
-                if isinstance(exc, Exception):
-                    raise client.translate(exc, endpoint) from exc
-                raise
+            with endpoint.edge:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        if self._call is None:
+                            call = endpoint.stream(_WATCH)(metadata=client.stream_metadata)
+                            self._call = call
+                            self._reader = loop.create_task(self._read(call, endpoint), name="asynclock-etcd-watch")
+                        self._creating.append(watch)
+                        client.requests += 1
+                        request = watch_create_request(
+                            key, range_end, start_revision=start_revision, filters=() if events else (NOPUT,)
+                        )
+                        await self._call.write(request)
+                except BaseException as exc:
+                    self.fail(f"watch request failed: {exc!r}")
+                    raise
         finally:
             self._lock.release()
         return watch
@@ -148,19 +164,19 @@ class Watches:
                 answer = await call.read()
                 if answer is grpc.aio.EOF:
                     break
-                self._on_answer(_replies.WatchResult.parse(answer))
+                self._on_answer(WatchResult.parse(answer))
         except asyncio.CancelledError:
             reason = "the watch stream was closed"
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the stream ends every watch on it
             reason = f"the watch stream failed: {exc!r}"
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code().name != "CANCELLED":
-                self._client.translate(exc, endpoint)  # moves the next requests to another member
+                endpoint.translate(exc)  # a member in trouble: the next requests go to another
         finally:
             if self._call is call:
                 self.fail(reason)
 
-    def _on_answer(self, result: _replies.WatchResult) -> None:
+    def _on_answer(self, result: WatchResult) -> None:
         if result.created:
             watch = self._creating.popleft() if self._creating else None
             if watch is None:
@@ -192,7 +208,7 @@ class Watches:
                 watch.fire("lost")  # (its reader reads afresh)
                 self.unwatch(watch)
             return
-        if any(event.type == _replies.DELETE for event in result.events):
+        if any(event.type == DELETE for event in result.events):
             del self._watches[result.watch_id]
             watch.fire("deleted")
             self._cancel_later(result.watch_id)
@@ -205,11 +221,9 @@ class Watches:
         async def cancel() -> None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(REQUEST_WINDOW):  # best effort: a watch left on etcd costs it little
-                    await call.write(_wire.watch_cancel_request(watch_id))
+                    await call.write(watch_cancel_request(watch_id))
 
-        task = asyncio.get_running_loop().create_task(cancel(), name="asynclock-etcd-unwatch")
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        self._cancels.spawn(cancel())
 
     def fail(self, reason: str) -> None:
         """Close the stream: every watch on it fires ``"lost"``."""
@@ -229,8 +243,7 @@ class Watches:
 
     async def close(self) -> None:
         reader = self._reader
-        for task in list(self._cancels):
-            task.cancel()
+        self._cancels.cancel()
         self.fail("the client was closed")
         if reader is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -2,10 +2,11 @@
 
 One acquisition is one ephemeral sequential node, named like Curator's
 protected mode (``_c_<guid>-lock-<seq>``), under the lock's znode
-(:mod:`._layout`); the contender rules are in :mod:`._order`, the queue in
-:mod:`._recipe`, creating and deleting nodes in :mod:`._nodes`; the session,
-on aiozk's wire format with our own life cycle, in :mod:`._session`; the
-holds and their lease in :mod:`._holds`.
+(:mod:`._layout`); the contender rules are in :mod:`._order`, each
+primitive's node in :mod:`._primitives`, the queue in :mod:`._recipe`,
+creating and deleting nodes in :mod:`._nodes`; the session, on aiozk's wire
+format with our own life cycle, in :mod:`._session`; the holds, their lease
+and their release in :mod:`._holds`.
 
 Requests: ``try_acquire`` creates the hold's node and reads the contenders
 in the same round trip: held, or queued (the node stays), or (not queueing)
@@ -55,7 +56,6 @@ given session timeout; a ttl the session cannot carry is refused,
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,40 +64,25 @@ from ..._options import DEFAULT_CONNECT_TIMEOUT, reject_unknown, seconds
 from ..._timing import request_window
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
-from ._describe import check_permits, describe, lock_names
+from ._describe import describe, lock_names
 from ._election import ZkLeaderWatch, read_leader
 from ._holds import Holds
 from ._layout import (
     DEFAULT_TTL,
-    LATCH_BASE,
-    LEASE_BASE,
     OPTIONS,
-    READ,
-    SEM_LEASES,
-    SEM_LOCKS,
-    WRITE,
     Layout,
     credentials,
     escape_name,
     lease_time_of,
     max_ttl,
     parse_url,
-    permits_data,
     ttl_refused,
 )
 from ._nodes import Node, Nodes
-from ._order import reader_holds, rw_holders
+from ._primitives import node_for
 from ._recipe import Recipe
 from ._session import ZkSession
-from ._wire import (
-    CREATOR_ACL,
-    NO_NODE,
-    OPEN_ACL,
-    ZkError,
-    delete_request,
-    exists_request,
-    map_errors,
-)
+from ._wire import CREATOR_ACL, NO_NODE, OPEN_ACL, ZkError, edge, exists_request
 
 __all__ = ["ZooKeeperBackend", "credentials", "escape_name", "max_ttl", "parse_url"]
 
@@ -149,6 +134,7 @@ class ZooKeeperBackend:
         self._recipe = Recipe(self._nodes)
         self._holds = Holds(self._nodes)
         self._connect_timeout = DEFAULT_CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
+        self._edge = edge(lambda: self._session.address)
 
     @classmethod
     def from_url(
@@ -223,7 +209,7 @@ class ZooKeeperBackend:
         """
         self._holds.hooks = hooks
         session = self._session
-        with map_errors(self._where):
+        with self._edge:
             await session.start(self._connect_timeout)
             if self._ttl >= max_ttl(session.timeout):
                 raise ConfigurationError(
@@ -246,9 +232,9 @@ class ZooKeeperBackend:
         self.check_ttl(ttl)  # the negotiated session may be shorter than asked
         node = self._holds.get(hold)
         if node is None:
-            node = self._node(ref, hold)
+            node = node_for(ref, hold, self._layout.key(ref), self._session)
             self._holds.add(node)
-        with map_errors(self._where):
+        with self._edge:
             holds = await self._advance(node, wait=False, until=None)
             if holds:
                 return Acquired(node.czxid, confirmed_at=self._session.confirmed_at)
@@ -261,9 +247,9 @@ class ZooKeeperBackend:
         """Watch the node ahead until the hold's node holds (Acquired) or ``until`` passes (Queued)."""
         node = self._holds.get(hold)
         if node is None:  # left the queue after a failure: join it again
-            node = self._node(ref, hold)
+            node = node_for(ref, hold, self._layout.key(ref), self._session)
             self._holds.add(node)
-        with map_errors(self._where):
+        with self._edge:
             if await self._advance(node, wait=True, until=until):
                 return Acquired(node.czxid, confirmed_at=self._session.confirmed_at)
             return Queued(None)
@@ -283,42 +269,6 @@ class ZooKeeperBackend:
         await self._nodes.let_go(node)
         if mutex is not None:
             await self._nodes.let_go(mutex)
-
-    def _node(self, ref: LockRef, hold: str) -> Node:
-        """The node a new hold of ``ref`` queues (a semaphore: behind its mutex)."""
-        path = self._layout.key(ref)
-        guid = str(uuid.uuid4())
-        if ref.kind == "election":
-            return Node(ref.name, hold, path, guid, base=LATCH_BASE, data=(ref.identity or "").encode())
-        if ref.kind == "write":
-            return Node(ref.name, hold, path, guid, base=f"-{WRITE}")
-        if ref.kind == "read":
-            return Node(ref.name, hold, path, guid, base=f"-{READ}", rule=reader_holds)
-        if ref.kind != "semaphore":
-            return Node(ref.name, hold, path, guid)
-        permits = ref.permits
-        leases = f"{path}/{SEM_LEASES}"
-
-        def first_permits(contenders: list[str], mine: str) -> tuple[bool, str | None]:
-            return contenders.index(mine) < permits, None
-
-        async def same_permits(contenders: list[str], mine: str) -> None:
-            others = [child for child in contenders if child != mine]
-            await check_permits(self._session, ref.name, leases, others, permits)
-
-        mutex = Node(ref.name, hold, f"{path}/{SEM_LOCKS}", str(uuid.uuid4()))
-        return Node(
-            ref.name,
-            hold,
-            leases,
-            guid,
-            base=LEASE_BASE,
-            rule=first_permits,
-            mutex=mutex,
-            verify=same_permits,
-            by_children=True,
-            data=permits_data(permits),
-        )
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
         node = self._holds.get(hold)
@@ -340,88 +290,35 @@ class ZooKeeperBackend:
         node = self._holds.get(hold)
         if node is None:
             return False
-        nodes = self._nodes
-        mutex, node.mutex = node.mutex, None
-        if mutex is not None:  # a semaphore's waiter: the next one's turn at the mutex
-            await nodes.let_go(mutex)
-        if not nodes.alive(node) or nodes.closed:
-            # the session is known to be over (expired or closed): so are its nodes.
-            # Past its timeout is not enough: until the server has expired it, any
-            # request (a ping) revives it, and the node would then stay forever.
-            self._holds.forget(node)
-            return False
-        node.releasing = True
-        if node.path is None or node.uncertain:
-            self._holds.forget(node)
-            nodes.discard(node)
-            return False
-        session = self._session
-        try:
-            with map_errors(self._where):
-                await session.wait_connected(self._window())
-                await session.call(delete_request(node.path), node.path)
-        except ZkError as exc:
-            if exc.code != NO_NODE:
-                self._finish_later(node)
-                raise
-            self._holds.forget(node)
-            return node.delete_sent and node.held  # an earlier, unanswered delete did it
-        except BaseException:
-            node.delete_sent = True
-            self._finish_later(node)
-            raise
-        self._holds.forget(node)
-        return node.held
-
-    def _finish_later(self, node: Node) -> None:
-        """Keep deleting a released node in the background until done or its session ends."""
-        if node.finisher is None or node.finisher.done():
-            node.finisher = self._nodes.spawn(self._finish_release(node))
-
-    async def _finish_release(self, node: Node) -> None:
-        await self._nodes.cleanup(node)
-        self._holds.forget(node)
+        with self._edge:
+            return await self._holds.release(node, self._window())
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
         """One pipelined ``exists`` per held node, sent now: True if it is still ours."""
-        with map_errors(self._where):
+        with self._edge:
             return await self._holds.renew(items)
 
     async def info(self, ref: LockRef) -> LockInfo:
-        key = self._layout.key(ref)
         session = self._session
-        with map_errors(self._where):
+        with self._edge:
             await session.wait_connected(self._window())
-            if ref.kind in ("lock", "fair", "election"):
-                return await describe(session, self._holds, ref.name, key)
-            if ref.kind in ("read", "write"):
-                return await describe(session, self._holds, ref.name, key, pick=rw_holders)
-            permits = ref.permits
-            return await describe(
-                session,
-                self._holds,
-                ref.name,
-                key,
-                nodes=f"{key}/{SEM_LEASES}",
-                pick=lambda contenders: contenders[:permits],
-                queue=f"{key}/{SEM_LOCKS}",
-            )
+            return await describe(session, self._holds, ref, self._layout.key(ref))
 
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: the first contender's data (identity) and czxid (token); since is None."""
         session = self._session
-        with map_errors(self._where):
+        with self._edge:
             await session.wait_connected(self._window())
             leader, _ = await read_leader(session, self._layout.key(ref))
             return leader
 
     def observe(self, ref: LockRef) -> LeaderWatch:
         """The leader after each change, read again after every watch event (see :mod:`._election`)."""
-        return ZkLeaderWatch(self._session, self._layout.key(ref), self._window(), self._where)
+        return ZkLeaderWatch(self._session, self._layout.key(ref), self._window(), self._edge)
 
     async def names(self) -> list[str]:
         """Lock names under this client's prefix that have contenders now."""
-        with map_errors(self._where):
+        with self._edge:
             await self._session.wait_connected(self._window())
             return await lock_names(self._session, self._layout.base)
 
@@ -434,9 +331,6 @@ class ZooKeeperBackend:
         await self._nodes.stop()
 
     # -- helpers -------------------------------------------------------------------------
-
-    def _where(self) -> str:
-        return self._session.address
 
     def _window(self) -> float:
         """How long a single request waits for a connection before failing."""

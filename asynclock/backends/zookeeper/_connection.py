@@ -98,6 +98,11 @@ class Conn:
         self.last_send = now
         self.write(protocol.PingRequest().serialize(PING_XID))
 
+    def unanswered_for(self, now: float) -> float:
+        """How long the oldest request or ping in flight has gone without a reply since (0: none in flight)."""
+        oldest = min([p.sent_at for p in self.pending.values()] + [sent for sent, _ in self.pings], default=None)
+        return 0.0 if oldest is None else now - max(oldest, self.last_recv)
+
     def close(self, reason: str) -> None:
         """Close the socket and fail whatever is in flight (its outcome unknown)."""
         self.dead = True

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from urllib.parse import unquote
 
 from ..._values import LockInfo
+from ...abc import LockRef
 from ._holds import Holds
-from ._layout import RESERVED, permits_of
-from ._order import contenders_of
+from ._layout import RESERVED, SEM_LEASES, SEM_LOCKS, permits_of
+from ._order import contenders_of, rw_holders
 from ._session import ZkSession
 from ._wire import NO_NODE, ZkError, children_request, exists_request, get_data_request
 
@@ -54,7 +55,27 @@ async def children(session: ZkSession, path: str) -> list[str]:
     return contenders_of(reply.children)
 
 
-async def describe(
+async def describe(session: ZkSession, holds: Holds, ref: LockRef, key: str) -> LockInfo:
+    """What the server says of the primitive ``ref`` at the znode ``key``: who holds it (a
+    read-write lock: the readers ahead of the first writer, or that writer; a semaphore:
+    the first ``permits`` leases) and how many wait (a semaphore's: at its mutex)."""
+    if ref.kind in ("lock", "fair", "election"):
+        return await _describe(session, holds, ref.name, key)
+    if ref.kind in ("read", "write"):
+        return await _describe(session, holds, ref.name, key, pick=rw_holders)
+    permits = ref.permits
+    return await _describe(
+        session,
+        holds,
+        ref.name,
+        key,
+        nodes=f"{key}/{SEM_LEASES}",
+        pick=lambda contenders: contenders[:permits],
+        queue=f"{key}/{SEM_LOCKS}",
+    )
+
+
+async def _describe(
     session: ZkSession,
     holds: Holds,
     name: str,

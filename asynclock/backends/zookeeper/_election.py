@@ -19,13 +19,12 @@ a data change).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..._values import Leader
+from .._edge import MapErrors
 from .._reread import RereadWatch
 from ._order import contenders_of
 from ._session import WatchCallback, ZkSession
-from ._wire import NO_NODE, ZkError, children_request, exists_request, get_data_request, map_errors
+from ._wire import NO_NODE, ZkError, children_request, exists_request, get_data_request
 
 __all__ = ["ZkLeaderWatch", "read_leader"]
 
@@ -92,12 +91,12 @@ class ZkLeaderWatch(RereadWatch):
     that come and go between two reads are seen as one. A lost connection
     fires the watches too: the next read waits for the connection for at
     most ``window`` seconds, then raises for the caller to retry. Errors
-    are asynclock's, naming the server ``where()``.
+    are asynclock's: ``edge`` is the backend's (:func:`._wire.edge`).
     """
 
-    def __init__(self, session: ZkSession, path: str, window: float, where: Callable[[], str]) -> None:
+    def __init__(self, session: ZkSession, path: str, window: float, edge: MapErrors) -> None:
         super().__init__()
-        self._where = where
+        self._edge = edge
         self._session = session
         self._path = path
         self._window = window
@@ -114,7 +113,7 @@ class ZkLeaderWatch(RereadWatch):
 
     async def _read(self) -> tuple[Leader | None, float | None]:
         self._unarm()  # (what was armed may have gone with the connection: armed again by this read)
-        with map_errors(self._where):
+        with self._edge:
             await self._session.wait_connected(self._window)
             leader, again = await read_leader(self._session, self._path, self._fired, self._armed)
         return leader, (0.0 if again else None)

@@ -25,7 +25,7 @@ from ..._values import LossReason
 from ...abc import BackendHooks, RenewItem
 from ._nodes import Node, Nodes
 from ._session import WatchCallback
-from ._wire import NO_NODE, ZkConnectionLoss, ZkError, exists_request, get_data_request
+from ._wire import NO_NODE, ZkConnectionLoss, ZkError, delete_request, exists_request, get_data_request
 
 __all__ = ["Holds"]
 
@@ -96,6 +96,60 @@ class Holds:
                 results.append(int(reply.stat.ephemeral_owner) == sid and session.session_id == sid)
         return results
 
+    # -- releasing -------------------------------------------------------------------
+
+    async def release(self, node: Node, window: float) -> bool:
+        """Delete ``node``, held or queued: whether it held and this deleted it.
+
+        A node whose create is unsettled (a cancelled acquire) is found by its
+        GUID in the background. Waits at most ``window`` seconds for a
+        connection (a request is given up after as long without an answer).
+        A failed or unanswered delete raises (ZkError, ZkConnectionLoss, or
+        what the socket raised) and goes on in the background until it
+        succeeds or the session ends, so no node outlives its release while
+        the session lives.
+        """
+        nodes = self._nodes
+        mutex, node.mutex = node.mutex, None
+        if mutex is not None:  # a semaphore's waiter: the next one's turn at the mutex
+            await nodes.let_go(mutex)
+        if not nodes.alive(node) or nodes.closed:
+            # the session is known to be over (expired or closed): so are its nodes.
+            # Past its timeout is not enough: until the server has expired it, any
+            # request (a ping) revives it, and the node would then stay forever.
+            self.forget(node)
+            return False
+        node.releasing = True
+        if node.path is None or node.uncertain:
+            self.forget(node)
+            nodes.discard(node)
+            return False
+        session = self._session
+        try:
+            await session.wait_connected(window)
+            await session.call(delete_request(node.path), node.path)
+        except ZkError as exc:
+            if exc.code != NO_NODE:
+                self._finish_later(node)
+                raise
+            self.forget(node)
+            return node.delete_sent and node.held  # an earlier, unanswered delete did it
+        except BaseException:
+            node.delete_sent = True
+            self._finish_later(node)
+            raise
+        self.forget(node)
+        return node.held
+
+    def _finish_later(self, node: Node) -> None:
+        """Keep deleting a released node in the background until done or its session ends."""
+        if node.finisher is None or node.finisher.done():
+            node.finisher = self._nodes.tasks.spawn(self._finish_release(node))
+
+    async def _finish_release(self, node: Node) -> None:
+        await self._nodes.cleanup(node)
+        self.forget(node)
+
     # -- the deletion watch of a held node -------------------------------------------
 
     def _arm(self, node: Node) -> None:
@@ -103,7 +157,7 @@ class Holds:
         if node.path is None or node.armed == self._session.connection_seq:
             return
         node.armed = self._session.connection_seq
-        self._nodes.spawn(self._watch_held(node))
+        self._nodes.tasks.spawn(self._watch_held(node))
 
     def _held_watch(self, node: Node) -> WatchCallback:
         """The callback of a held node's deletion watch."""

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..._errors import LockError
 from ..._timing import Backoff
+from .._background import Background, until_done
 from ._layout import LOCK_BASE, PROTECTED
 from ._order import Rule, contenders_of, first_holds
 from ._session import WatchCallback, ZkSession
@@ -97,26 +98,18 @@ class Nodes:
         self._chroot = chroot
         self._acl = acl
         self._no_chroot = no_chroot
-        self._tasks: set[asyncio.Task[Any]] = set()
+        #: the background deletions (and watches) of this session's nodes
+        self.tasks = Background()
 
     def alive(self, node: Node) -> bool:
         """Whether ``node`` may still exist: not lost, and made (if at all) by the current session."""
         return not node.gone and (node.session == 0 or node.session == self.session.session_id)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """Run ``coro`` in the background, until done or :meth:`stop`."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     async def stop(self) -> None:
         """Stop the background deletions (the session is closed: the server deletes our nodes)."""
         self.closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=1.0)
+        self.tasks.cancel()
+        await self.tasks.aclose(within=1.0)
 
     # -- creating ------------------------------------------------------------------
 
@@ -244,15 +237,17 @@ class Nodes:
 
     def discard(self, node: Node) -> asyncio.Task[None]:
         """Delete ``node`` in the background (by path, or by GUID if its create is unsettled)."""
-        return self.spawn(self.cleanup(node))
+        return self.tasks.spawn(self.cleanup(node))
 
     async def cleanup(self, node: Node) -> None:
-        """Delete ``node``; retried until done or moot (its session is over)."""
+        """Delete ``node``; retried until done or moot (its session is over, or the client closed)."""
         session = self.session
-        backoff = Backoff(cap=_CLEANUP_PAUSE)
-        while not self.closed:
-            if node.session and node.session != session.session_id:
-                return  # its session is gone, and every ephemeral node of it
+
+        def moot() -> bool:
+            # a session's ephemeral nodes end with it
+            return self.closed or (node.session != 0 and node.session != session.session_id)
+
+        async def step() -> bool:
             future = node.create_future
             if future is not None and not future.done():
                 with contextlib.suppress(LockError):
@@ -260,27 +255,23 @@ class Nodes:
             if future is not None and future.done() and not future.cancelled() and future.exception() is None:
                 node.path, node.uncertain = str(future.result().path), False
             if not node.uncertain and node.path is None:
-                return  # nothing was created: no need to wait for a connection
-            try:
-                await session.wait_connected(None)
-                if node.session and node.session != session.session_id:
-                    return
-                if node.path is not None and not node.uncertain:
-                    await self.delete_quietly(node.path)
-                    if not session.connected:
-                        raise ZkConnectionLoss("disconnected during delete")
-                    return
-                reply = await session.call(children_request(node.dir), node.dir)
-                for child in reply.children:
-                    if node.guid in child:
-                        await self.delete_quietly(f"{node.dir}/{child}")
-                if session.connected:
-                    return
-            except ZkConnectionLoss:
-                pass
-            except ZkError as exc:
-                if exc.code == NO_NODE:
-                    return
+                return True  # nothing was created: no need to wait for a connection
+            await session.wait_connected(None)
+            if moot():
+                return False
+            if node.path is not None and not node.uncertain:
+                await self.delete_quietly(node.path)
+                if not session.connected:
+                    raise ZkConnectionLoss("disconnected during delete")
+                return True
+            reply = await session.call(children_request(node.dir), node.dir)
+            for child in reply.children:
+                if node.guid in child:
+                    await self.delete_quietly(f"{node.dir}/{child}")
+            return session.connected  # (else the deletes may not have arrived: again)
+
+        try:
+            await until_done(step, moot=moot, backoff=Backoff(cap=_CLEANUP_PAUSE), retry=(ZkConnectionLoss,))
+        except ZkError as exc:
+            if exc.code != NO_NODE:  # (NoNode: its directory is gone, and the node with it)
                 logger.warning("could not delete the ZooKeeper node of %r: %s", node.name, exc)
-                return
-            await asyncio.sleep(backoff.next())

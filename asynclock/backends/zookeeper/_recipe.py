@@ -129,7 +129,7 @@ class Recipe:
             return None
         for twin in contenders:
             if node.guid in twin and twin != mine:  # a duplicate create: never ours to keep
-                self.nodes.spawn(self.nodes.delete_quietly(f"{node.dir}/{twin}"))
+                self.nodes.tasks.spawn(self.nodes.delete_quietly(f"{node.dir}/{twin}"))
         if node.verify is not None:
             await node.verify(contenders, mine)
             node.verify = None

@@ -20,8 +20,9 @@ the connection, the session and the watches are ours, for what a lock needs:
 
 This module keeps the session's state: its identity (id, password,
 negotiated timeout), its life cycle, the current connection, liveness and
-expiry. One connection's frames and requests in flight are
-:mod:`._connection`'s, what a reply frame answers is :mod:`._replies`'.
+expiry. Sending on the current connection is :mod:`._requests`' part, one
+connection's frames and requests in flight :mod:`._connection`'s, what a
+reply frame answers :mod:`._replies`'.
 
 The first connection is bounded by the caller's time, and gives up at once
 when every server refused the connection or has a name that does not
@@ -45,7 +46,6 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
 
 try:
     from aiozk import protocol
@@ -54,8 +54,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._errors import LockError
 from ..._timing import Backoff
-from ._connection import Conn, Frames, Pending, WatchCallback, handshake
+from ._connection import Conn, Frames, WatchCallback, handshake
 from ._replies import settle, take
+from ._requests import Requests
 from ._servers import Servers
 from ._wire import AUTH_XID, FRAME_SIZE, ZkConnectionLoss
 
@@ -67,7 +68,7 @@ logger = logging.getLogger("asynclock")
 _MAX_ROUND_PAUSE = 0.5
 
 
-class ZkSession:
+class ZkSession(Requests):
     """A ZooKeeper session kept alive across connections to any server of ``hosts``.
 
     Callbacks: ``on_connected()`` after every (re)connection of a live
@@ -91,6 +92,7 @@ class ZkSession:
         keepalive: Callable[[], bool] = lambda: True,
         auth: Sequence[tuple[str, bytes]] = (),
     ) -> None:
+        super().__init__()
         self._servers = Servers(hosts)
         #: (scheme, credentials) sent on every connection, e.g. ("digest", b"user:password")
         self._auth = list(auth)
@@ -106,12 +108,9 @@ class ZkSession:
         self.last_zxid = 0
         self.confirmed_at = 0.0
         self.reconnects = 0
-        self._conn: Conn | None = None
         self._conn_seq = 0
-        self._xid = 0
         self._connected = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
-        self._closed = False
         self._closing = False
         #: whether a session was ever established (then it keeps reconnecting)
         self._established = False
@@ -210,67 +209,6 @@ class ZkSession:
         if self._conn is not None:
             self._drop(self._conn, "closed")
         self._connected.set()  # wake waiters so they see the session closed
-
-    # -- requests --------------------------------------------------------------
-
-    def _current(self) -> Conn:
-        conn = self._conn
-        if conn is None or conn.dead or self._closed:
-            raise ZkConnectionLoss("not connected to ZooKeeper")
-        return conn
-
-    def _send(
-        self, conn: Conn, request: Any, path: str, watch: tuple[str, WatchCallback] | None = None
-    ) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        self._xid = self._xid + 1 if self._xid < 2**31 - 1 else 1
-        xid = self._xid
-        payload = request.serialize(xid)
-        future: asyncio.Future[Any] = loop.create_future()
-        now = loop.time()
-        conn.pending[xid] = Pending(future, now, int(request.opcode), path, watch)
-        conn.last_send = now
-        try:
-            conn.write(payload)
-        except (OSError, RuntimeError) as exc:
-            self._drop(conn, f"write failed: {exc!r}")
-        return future
-
-    async def call(self, request: Any, path: str = "", watch: tuple[str, WatchCallback] | None = None) -> Any:
-        """Send ``request`` now on the current connection and return the reply.
-
-        Raises ZkConnectionLoss at once when disconnected (nothing is queued
-        or re-sent), ZkError for an error reply. ``watch`` = (kind, callback)
-        registers a one-shot watch callback on ``path`` if the reply is a
-        success (kind ``"data"`` for exists/get_data, ``"child"`` for
-        get_children).
-        """
-        return await self._send(self._current(), request, path, watch)
-
-    def submit(
-        self, request: Any, path: str = "", watch: tuple[str, WatchCallback] | None = None
-    ) -> asyncio.Future[Any]:
-        """Like :meth:`call` but returns the future at once (requests pipelined)."""
-        return self._send(self._current(), request, path, watch)
-
-    async def ping(self) -> float:
-        """One round trip; returns the send time that the server acknowledged."""
-        conn = self._current()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[float] = loop.create_future()
-        self._write_ping(conn, future)
-        return await future
-
-    def _write_ping(self, conn: Conn, future: asyncio.Future[float] | None) -> None:
-        try:
-            conn.write_ping(asyncio.get_running_loop().time(), future)
-        except (OSError, RuntimeError) as exc:
-            self._drop(conn, f"write failed: {exc!r}")
-
-    def unwatch(self, kind: str, path: str, callback: WatchCallback) -> None:
-        """Forget a watch callback that is no longer wanted (the server's watch stays, harmless)."""
-        if self._conn is not None:
-            self._conn.unwatch(kind, path, callback)
 
     # -- the connection loop -----------------------------------------------------
 
@@ -395,12 +333,9 @@ class ZkSession:
             now = loop.time()
             if self.keepalive() and now - conn.last_send >= period:
                 self._write_ping(conn, None)
-            oldest = min(
-                [p.sent_at for p in conn.pending.values()] + [sent for sent, _ in conn.pings],
-                default=None,
-            )
-            if oldest is not None and now - max(oldest, conn.last_recv) > max(period, 0.05):
-                self._drop(conn, f"{conn.host} did not answer for {now - max(oldest, conn.last_recv):.3f}s")
+            silent = conn.unanswered_for(now)
+            if silent > max(period, 0.05):
+                self._drop(conn, f"{conn.host} did not answer for {silent:.3f}s")
                 return
 
     def _drop(self, conn: Conn, reason: str) -> None:

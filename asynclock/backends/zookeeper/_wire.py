@@ -8,9 +8,8 @@ Errors are asynclock's own: :class:`ZkError` is a ``LockError``,
 
 from __future__ import annotations
 
-import contextlib
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 try:
@@ -20,6 +19,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
 from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from .._edge import MapErrors
 
 __all__ = [
     "CONTAINER",
@@ -39,8 +39,8 @@ __all__ = [
     "create_request",
     "delete_request",
     "exists_request",
+    "edge",
     "get_data_request",
-    "map_errors",
 ]
 
 
@@ -99,20 +99,27 @@ def error_for(code: int, path: str, host: str) -> ZkError:
     return ZkRefused(code, path, host) if code in _REFUSALS else ZkError(code, path)
 
 
-@contextlib.contextmanager
-def map_errors(where: Callable[[], str]) -> Iterator[None]:
+#: What escapes the session without being asynclock's already: a socket's
+#: error, a reply aiozk could not parse. (The session's own ZkConnectionLoss is
+#: an OSError too: it is named again with the server.)
+CLIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, struct.error, UnicodeDecodeError, zk_exc.ZKError)
+
+
+def edge(where: Callable[[], str]) -> MapErrors:
     """The backend's edge: what the client library or the socket raises becomes asynclock's error.
 
     The session answers with asynclock's errors already (:class:`ZkError`,
     :class:`ZkConnectionLoss`, :class:`ZkRefused`); anything else that
     escapes it (a socket error, a reply aiozk could not parse) is a
     ``BackendUnavailable`` naming the server ``where()``, the original kept
-    as ``__cause__``.
+    as ``__cause__``. Made once per backend and entered as ``with edge:``
+    around each request.
     """
-    try:
-        yield
-    except (OSError, EOFError, struct.error, UnicodeDecodeError, zk_exc.ZKError) as exc:
-        raise ZkConnectionLoss(f"ZooKeeper at {where()}: {exc!r}") from exc
+
+    def translate(exc: BaseException) -> BaseException:
+        return ZkConnectionLoss(f"ZooKeeper at {where()}: {exc!r}")
+
+    return MapErrors(translate, CLIENT_ERRORS)
 
 
 class ZkConnectionLoss(BackendUnavailable):
