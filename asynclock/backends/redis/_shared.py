@@ -84,11 +84,14 @@ class QueuedResource:
         base = self.key(ref)
         return [base, f"{base}:data", f"{base}:queue", f"{base}:waiting", f"{base}:fence"]
 
-    async def enter(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool) -> Entered:
+    async def enter(
+        self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool, entry: bytes = b""
+    ) -> Entered:
         """One acquire request: take it, re-enter it, or (``enqueue``) queue or poll.
 
         ``fresh``: the first request of ``hold`` (it cannot hold or be queued
-        yet), which skips the look-ups that make retries idempotent. Raises
+        yet), which skips the look-ups that make retries idempotent. (The
+        queue finds a hold's entry by its id: ``entry`` is not needed.) Raises
         ValueError (nothing changed) for a semaphore whose users ask for
         another number of permits.
         """
@@ -104,7 +107,10 @@ class QueuedResource:
             )
         return Entered(None, int(answer[1]) / 1000 if int(answer[2]) == 1 else None)
 
-    async def release(self, ref: LockRef, hold: str) -> bool:
+    def held(self, ref: LockRef, hold: str, ttl: float, token: int) -> None:
+        """``hold`` was handed the resource (nothing to keep: its requests name it by its id)."""
+
+    async def release(self, ref: LockRef, hold: str, entry: bytes = b"") -> bool:
         """Give up ``hold`` or take it out of the queue; what it frees goes to the head of the queue."""
         answer = await self._connection.run(RELEASE, self._keys(ref), (hold, ref.permits, FENCE_LIFETIME_MS))
         return int(answer[0]) == 1
