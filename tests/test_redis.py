@@ -16,13 +16,16 @@ from redis import exceptions as redis_errors
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.abc import LockRef
+from asynclock.abc import Acquired, LockRef, RenewItem
 from asynclock.backends.redis import RedisBackend
-from asynclock.backends.redis._connection import ms
+from asynclock.backends.redis._connection import Connection, ms
+from asynclock.backends.redis._exclusive import ExclusiveLock
 from asynclock.backends.redis._hash import HashLock
 from asynclock.backends.redis._listen import Subscribed
+from asynclock.backends.redis._renew import RENEW_CHUNK
+from asynclock.backends.redis._shared import QueuedResource
 from tests.harness import eventually, redis_backend
-from tests.servers import RedisServer, scaled
+from tests.servers import RedisServer, free_port, scaled
 from tests.servers.proxy import TcpProxy
 from tests.test_primitives import queued
 
@@ -241,6 +244,70 @@ async def test_watchdog_renews_many_leases_in_few_round_trips(redis_fresh: Redis
         assert await _commands(admin, "set") >= count
         for i in range(count):
             await locks.lock(f"many-{i}").release()
+
+
+async def _holds(connection: Connection, count: int, missing: set[int]) -> dict[str, list[RenewItem]]:
+    """``count`` holds of the hash lock, the exclusive lock and a semaphore (1 s each), but
+    for the indexes ``missing``, whose items name holds never taken; by kind."""
+    hashed = HashLock(connection, "chunks-h")
+    exclusive = ExclusiveLock(connection, "chunks-x", "chunks-channel")
+    shared = QueuedResource(connection, "chunks-s", "chunks-channel")
+    items: dict[str, list[RenewItem]] = {"hash": [], "exclusive": [], "semaphore": []}
+    for i in range(count):
+        lock, permit, hold = LockRef("lock", f"n{i}"), LockRef("semaphore", f"n{i}"), f"hold-{i}"
+        if i not in missing:
+            assert isinstance(await hashed.try_acquire(lock.name, hold, 1.0), Acquired)
+            assert (await exclusive.enter(lock, hold, 1.0, enqueue=False, fresh=True)).token is not None
+            assert (await shared.enter(permit, hold, 1.0, enqueue=False, fresh=True)).token is not None
+        items["hash"].append(RenewItem(lock, hold, 60.0))
+        items["exclusive"].append(RenewItem(lock, hold, 60.0))
+        items["semaphore"].append(RenewItem(permit, hold, 60.0))
+    return items
+
+
+async def test_a_renewal_past_one_chunk_answers_each_hold_in_its_place(
+    redis_fresh: RedisServer, admin: aioredis.Redis
+) -> None:
+    """Renewals go out in script calls of RENEW_CHUNK holds: on both sides of the boundary
+    each hold gets its own answer (one never taken, in either chunk, is False) and is
+    really renewed, for the hash lock, the exclusive lock and a queued resource."""
+    count = RENEW_CHUNK + 3
+    missing = {5, RENEW_CHUNK + 1}
+    client = aioredis.Redis.from_url(redis_fresh.url)
+    connection = Connection(client, where="Redis", connect_timeout=5.0, owns_client=True)
+    try:
+        items = await _holds(connection, count, missing)
+        expected = [i not in missing for i in range(count)]
+        assert await HashLock(connection, "chunks-h").renew(items["hash"]) == expected
+        assert await ExclusiveLock(connection, "chunks-x", "c").renew(items["exclusive"]) == expected
+        assert await QueuedResource(connection, "chunks-s", "c").renew(items["semaphore"]) == expected
+        for key in ("chunks-h:{n0}", f"chunks-h:{{n{count - 1}}}", "chunks-x:{n0}:x", f"chunks-x:{{n{count - 1}}}:x"):
+            assert await admin.pttl(key) > 30_000, key  # taken for 1 s, renewed for 60
+        left = await admin.zrange(f"chunks-s:{{n{count - 1}}}:sem", 0, -1, withscores=True)
+        [(_, expires_ms)] = left
+        [now_s, now_us] = await admin.time()
+        assert expires_ms - (now_s * 1000 + now_us // 1000) > 30_000
+    finally:
+        await connection.aclose()
+
+
+async def test_a_renewal_answered_readonly_holds_none_of_its_holds(
+    redis_fresh: RedisServer, admin: aioredis.Redis
+) -> None:
+    """A server that answers READONLY (a replica, or a primary demoted by a failover) holds
+    none of the holds it still has: each renewal answers False, not an error to retry."""
+    client = aioredis.Redis.from_url(redis_fresh.url)
+    connection = Connection(client, where="Redis", connect_timeout=5.0, owns_client=True)
+    try:
+        items = await _holds(connection, 3, set())
+        await admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary that never answers
+        assert await admin.exists("chunks-h:{n0}", "chunks-x:{n0}:x") == 2, "the holds are still there"
+        assert await HashLock(connection, "chunks-h").renew(items["hash"]) == [False] * 3
+        assert await ExclusiveLock(connection, "chunks-x", "c").renew(items["exclusive"]) == [False] * 3
+        assert await QueuedResource(connection, "chunks-s", "c").renew(items["semaphore"]) == [False] * 3
+    finally:
+        await admin.execute_command("REPLICAOF", "NO", "ONE")
+        await connection.aclose()
 
 
 async def test_cancellation_at_random_points_under_latency_leaves_no_key(redis_fresh: RedisServer) -> None:

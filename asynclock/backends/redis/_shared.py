@@ -43,16 +43,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..._errors import BackendUnavailable, LockError
 from ..._values import LockInfo
 from ...abc import LockRef, RenewItem
-from ._connection import FENCE_LIFETIME_MS, Connection, Script, is_readonly, ms, text
+from ._connection import FENCE_LIFETIME_MS, Connection, Script, ms, text
 from ._queue import Entered
+from ._renew import renew_in_chunks
 
 __all__ = ["QueuedResource"]
 
-#: Holds renewed by one script call (two keys each).
-RENEW_CHUNK = 1000
 #: Request mode and key family of each kind (both sides of a read-write lock are one resource).
 MODES = {"write": "x", "read": "r", "semaphore": "s"}
 FAMILIES = {"write": "rw", "read": "rw", "semaphore": "sem"}
@@ -119,27 +117,17 @@ class QueuedResource:
         return bool(await self._connection.run(SET_COUNT, self._keys(ref), (hold, count, ms(ttl))))
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        """Renew ``items`` in script calls of ``RENEW_CHUNK`` holds."""
-        connection = self._connection
-        results: list[bool | BaseException] = []
-        for start in range(0, len(items), RENEW_CHUNK):
-            chunk = items[start : start + RENEW_CHUNK]
-            keys: list[str] = []
-            args: list[str | int] = []
-            for item in chunk:
-                base = self.key(item.ref)
-                keys += [base, f"{base}:data"]
-                args += [item.hold, ms(item.ttl)]
-            try:
-                answer = await connection.run(RENEW, keys, args)
-            except LockError as exc:
-                # A demoted primary: whatever it holds is not the lock any more.
-                cause = exc.__cause__
-                readonly = isinstance(exc, BackendUnavailable) and cause is not None and is_readonly(cause)
-                results += [False if readonly else exc] * len(chunk)
-                continue
-            results += [bool(flag) for flag in answer]
-        return results
+        """Renew ``items`` in script calls of ``RENEW_CHUNK`` holds (``_renew.py``)."""
+        return await renew_in_chunks(self._connection, RENEW, items, self._renewal)
+
+    def _renewal(self, chunk: Sequence[RenewItem]) -> tuple[list[str], list[str | int]]:
+        keys: list[str] = []
+        args: list[str | int] = []
+        for item in chunk:
+            base = self.key(item.ref)
+            keys += [base, f"{base}:data"]
+            args += [item.hold, ms(item.ttl)]
+        return keys, args
 
     async def info(self, ref: LockRef) -> LockInfo:
         found, waiting = await self._connection.run(INFO, self._keys(ref), ())
