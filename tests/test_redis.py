@@ -398,6 +398,24 @@ def test_pexpire_argument_is_never_zero_or_negative() -> None:
     assert ms(30.0) == 30000
 
 
+async def test_the_edge_masks_a_secret_added_after_the_connection_was_made() -> None:
+    """The connection's error edge translates redis-py's errors (the original as the cause),
+    masking a password added later too (Sentinel adds the sentinels')."""
+    client = aioredis.Redis.from_url("redis://127.0.0.1:1/0")  # (no I/O here)
+    connection = Connection(client, where="Redis at here", connect_timeout=1.0, secrets=["first-Pa55"])
+    connection.add_secret("later-Pa55")
+    original = redis_errors.ResponseError("refused first-Pa55 and later-Pa55")
+    with pytest.raises(asynclock.LockError) as caught:
+        with connection.edge:
+            raise original
+    assert caught.value.__cause__ is original
+    assert str(caught.value) == "Redis at here: Redis error: refused *** and ***", str(caught.value)
+    with pytest.raises(BackendUnavailable, match=r"^Redis at here could not be reached: connection refused$"):
+        async with connection.edge:
+            raise redis_errors.ConnectionError("Error connecting to 127.0.0.1:1") from ConnectionRefusedError()
+    await client.aclose()
+
+
 async def test_timeout_while_busy_is_lock_timeout_not_unavailable(redis_server: RedisServer) -> None:
     async with (
         asynclock.connect(redis_server.url, ttl=TTL, prefix="tb") as a,
