@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import platform
 import random
 from collections.abc import AsyncIterator
+from importlib import metadata
 from typing import Any
 
 import pytest
@@ -22,8 +25,11 @@ from asynclock.backends.redis._connection import Connection, ms
 from asynclock.backends.redis._exclusive import ExclusiveLock
 from asynclock.backends.redis._hash import HashLock
 from asynclock.backends.redis._listen import Subscribed
+from asynclock.backends.redis._private import FORCE_MASTER_IP, PRIVATE, READER, STREAM_BUFFER, WRITER
+from asynclock.backends.redis._pubsub import listening_connection
 from asynclock.backends.redis._renew import RENEW_CHUNK
 from asynclock.backends.redis._shared import QueuedResource
+from asynclock.backends.redis.sentinel import _Sentinels
 from tests.harness import eventually, redis_backend
 from tests.servers import RedisServer, free_port, scaled
 from tests.servers.proxy import TcpProxy
@@ -396,6 +402,58 @@ def test_pexpire_argument_is_never_zero_or_negative() -> None:
     assert ms(1e-9) == 1
     assert ms(0.0015) == 2
     assert ms(30.0) == 30000
+
+
+def _resolve(dotted: str) -> Any:
+    """The module, class or attribute named by a dotted path."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ImportError(dotted)
+
+
+async def test_every_private_name_the_redis_backends_read_is_still_there(redis_server: RedisServer) -> None:
+    """Each entry of ``_private.PRIVATE`` exists in the installed redis-py and asyncio, on
+    the objects the code reads it from: a connection made as the pub/sub listener makes
+    its own, connected to a real server, and its stream reader. A release that moves one
+    fails here, naming the attribute, the file that reads it and the library's version."""
+    pool = aioredis.ConnectionPool.from_url(redis_server.url)
+    conn = listening_connection(pool.connection_class, pool.connection_kwargs)
+    await conn.connect()
+    try:
+        # the objects that instance attributes are read from (a class attribute is read from its owner)
+        instances: dict[str, Any] = {
+            "redis.asyncio.connection.AbstractConnection": conn,
+            "asyncio.StreamReader": getattr(conn, READER, None),
+            "redis.asyncio.sentinel.Sentinel": _Sentinels([("127.0.0.1", 1)], force_master_ip="192.0.2.1"),
+        }
+        gone: list[str] = []
+        for entry in PRIVATE:
+            owner = _resolve(entry.owner)
+            where = instances.get(entry.owner, owner)
+            version = platform.python_version() if entry.library == "python" else metadata.version(entry.library)
+            if where is None or (where is not owner and not isinstance(where, owner)):
+                gone.append(f"{entry.owner}: nothing to read {entry.attribute!r} from ({entry.library} {version})")
+            elif not hasattr(where, entry.attribute):
+                gone.append(
+                    f"{entry.owner}.{entry.attribute}, read in asynclock/backends/{entry.used_in},"
+                    f" is gone in {entry.library} {version}"
+                )
+        assert not gone, "private names moved:\n" + "\n".join(gone)
+        # and they hold what the code takes them for
+        reader, writer = getattr(conn, READER), getattr(conn, WRITER)
+        assert isinstance(reader, asyncio.StreamReader) and isinstance(writer, asyncio.StreamWriter)
+        assert isinstance(getattr(reader, STREAM_BUFFER), bytearray)
+        assert getattr(instances["redis.asyncio.sentinel.Sentinel"], FORCE_MASTER_IP) == "192.0.2.1"
+    finally:
+        await conn.disconnect()
+        await pool.aclose()
 
 
 async def test_the_edge_masks_a_secret_added_after_the_connection_was_made() -> None:
