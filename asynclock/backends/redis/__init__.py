@@ -94,7 +94,8 @@ class RedisBackend:
             ExclusiveLock(self.connection, prefix, self._handovers.channel, suffix="e", announces=True), self._pubsub
         )
         self._shared = QueuedResource(self.connection, prefix, self._handovers.channel)
-        self._line = QueueClient(self.connection, self._handovers)
+        # this client's side of every queue above: acquires, waits for a hand-over, polls, leaves
+        self._holds = QueueClient(self.connection, self._handovers)
 
     @classmethod
     def from_url(
@@ -209,11 +210,11 @@ class RedisBackend:
 
     async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
         self._pubsub.note_ttl(ttl)  # its health check keeps up with the locks it serves
-        return await self._line.try_acquire(self._queue(ref), ref, self._hold(ref, hold), ttl, enqueue=enqueue)
+        return await self._holds.try_acquire(self._queue(ref), ref, self._hold(ref, hold), ttl, enqueue=enqueue)
 
     async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
         """Until the hand-over message arrives or the loop time ``until``; then one poll (``_queue.py``)."""
-        return await self._line.wait_queued(self._queue(ref), ref, self._hold(ref, hold), ttl, until)
+        return await self._holds.wait_queued(self._queue(ref), ref, self._hold(ref, hold), ttl, until)
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
         return await self._queue(ref).set_count(ref, self._hold(ref, hold), count, ttl)
@@ -221,7 +222,7 @@ class RedisBackend:
     async def release(self, ref: LockRef, hold: str) -> bool:
         """Release ``hold``, or take it out of the queue (and give back a hand-over that raced in)."""
         hold = self._hold(ref, hold)
-        return await self._queue(ref).release(ref, hold, self._line.leave(ref, hold))
+        return await self._queue(ref).release(ref, hold, self._holds.leave(ref, hold))
 
     async def renew(self, items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
         first = self._queue(items[0].ref) if items else self._exclusive
@@ -262,5 +263,5 @@ class RedisBackend:
 
     async def aclose(self) -> None:
         await self._pubsub.aclose()
-        self._line.clear()
+        self._holds.clear()
         await self.connection.aclose()

@@ -137,6 +137,7 @@ class ClusterBackend:
             self.connection, prefix, secrets.token_hex(8), suffix="e", announces=True, sharded=True
         )
         self._elections: Elections | None = None
+        # this client's side of the elections' lines: acquires, waits for a hand-over, polls, leaves
         self._handovers = ShardHandovers(self.connection, self._line.handover_channel)
         self._candidates = QueueClient(self.connection, self._handovers)
 
