@@ -19,7 +19,7 @@ from redis import exceptions as redis_errors
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.abc import Acquired, LockRef, RenewItem
+from asynclock.abc import Acquired, LockRef, Queued, RenewItem
 from asynclock.backends.redis import RedisBackend
 from asynclock.backends.redis._connection import Connection, ms
 from asynclock.backends.redis._exclusive import ExclusiveLock
@@ -162,6 +162,31 @@ async def test_a_release_wakes_the_waiter_long_before_the_holders_ttl(redis_serv
         await asyncio.wait_for(waiter, ttl / 2)
         assert loop.time() - released < ttl / 4
         assert waiter.result().token is not None  # held by the finished task; aclose releases it
+
+
+async def test_a_queued_holds_poll_to_a_silent_server_fails_after_a_ttl(redis_fresh: RedisServer) -> None:
+    """A queued hold's poll (the queue client every queueing Redis backend shares) is bounded:
+    a server that stops answering fails it with BackendUnavailable after one ttl, naming the
+    server, instead of holding the waiter for as long as the connection stays up."""
+    ttl = scaled(0.5)
+    backend = RedisBackend.from_url(redis_fresh.url)
+    ref = LockRef("lock", "silent")
+    loop = asyncio.get_running_loop()
+    try:
+        assert isinstance(await backend.try_acquire(ref, "holder", 60.0, enqueue=False), Acquired)
+        assert isinstance(await backend.try_acquire(ref, "waiter", ttl, enqueue=True), Queued)
+        redis_fresh.pause()
+        started = loop.time()
+        try:
+            with pytest.raises(
+                BackendUnavailable, match=rf"^Redis at 127\.0\.0\.1:\d+ did not answer within {ttl:.3g} s$"
+            ):
+                await backend.wait_queued(ref, "waiter", ttl, loop.time())  # (due now: it polls at once)
+        finally:
+            redis_fresh.resume()
+        assert ttl <= loop.time() - started < ttl + scaled(1)
+    finally:
+        await backend.aclose()
 
 
 async def test_dropped_pubsub_connection_does_not_strand_waiters(
