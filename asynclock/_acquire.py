@@ -29,18 +29,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import NoReturn, cast
 
+from ._core import Core
 from ._errors import BackendUnavailable, ConfigurationError, LockError, LockTimeout, unavailable
 from ._lease import Lease
 from ._release import release_by_identity, settle
 from ._timing import REQUEST_WINDOW, Backoff, request_window
-from .abc import Acquired, Busy, Queued, Queues
+from .abc import Acquired, Busy, LockRef, Queued, Queues
 
-if TYPE_CHECKING:
-    from ._lock import Lock
-
-__all__ = ["CLOSED", "acquire_new"]
+__all__ = ["CLOSED", "Want", "acquire_new"]
 
 #: Why an acquire in progress ends when its client is closed.
 CLOSED = "the Locks client was closed while this acquire was in progress"
@@ -54,6 +52,19 @@ class _HoldRetired(Exception):
         self.__cause__ = cause
 
 
+@dataclass(frozen=True, slots=True)
+class Want:
+    """What a handle's acquires ask for: the request ``ref``, the lock as held for re-entry ``key``, the ttl."""
+
+    ref: LockRef
+    key: LockRef
+    ttl: float
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+
 @dataclass(slots=True)
 class _InQueue:
     """A try the server answered by queueing the hold; ``lease`` is the hold's, not yet held."""
@@ -62,34 +73,33 @@ class _InQueue:
     lease: Lease
 
 
-async def acquire_new(lock: Lock, owner: str, timeout: float | None) -> Lease:
+async def acquire_new(core: Core, lock: Want, owner: str, timeout: float | None) -> Lease:
     """A new hold of ``lock`` for ``owner``, within ``timeout`` seconds (None: no limit)."""
-    locks = lock._locks
-    backend = locks._backend
+    backend = core.backend
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline = None if timeout is None else started + timeout
     window = request_window(backend.lease_time(lock.ttl))
     server_deadline = None if deadline is None else max(deadline, started + window)
     enqueue = timeout != 0
-    hold = locks._new_hold(owner)
-    hub = locks._hub
+    hold = core.new_hold(owner)
+    hub = core.hub
     assert hub is not None
-    notifies = locks._notifies
+    notifies = core.notifies
     result: Lease | Busy | _InQueue | BaseException | None = None
     if not (notifies and hub.subscribed(lock.name)):
         # An uncontended acquire is this one request, with no subscription.
         # (When this client already listens for the name, registering first
         # makes the very first try count as "after subscribing".)
-        result = await _attempt(lock, hold, owner, server_deadline, enqueue)
+        result = await _attempt(core, lock, hold, owner, server_deadline, enqueue)
         if isinstance(result, Lease):
-            return _got(lock, result, started)
+            return _got(core, result, started)
         if isinstance(result, _InQueue):
-            return await _wait_in_queue(lock, result, owner, deadline, started)
+            return await _wait_in_queue(core, lock, result, owner, deadline, started)
         if isinstance(result, _HoldRetired):
-            hold = locks._new_hold(owner)
+            hold = core.new_hold(owner)
         if isinstance(result, Busy) and deadline is not None and loop.time() >= deadline:
-            _give_up(lock, hold, owner, result, timeout, started)
+            _give_up(core, lock, hold, owner, result, timeout, started)
     backoff = Backoff()
     # (a first try that got no answer counts towards giving up on the server)
     failing_since: float | None = started if isinstance(result, BaseException) else None
@@ -99,21 +109,21 @@ async def acquire_new(lock: Lock, owner: str, timeout: float | None) -> Lease:
         while True:
             if waiter is not None:
                 waiter.clear()
-            if locks._closed:
+            if core.closed:
                 raise BackendUnavailable(CLOSED)
-            result = await _attempt(lock, hold, owner, server_deadline, enqueue)
+            result = await _attempt(core, lock, hold, owner, server_deadline, enqueue)
             if isinstance(result, Lease):
-                return _got(lock, result, started)
+                return _got(core, result, started)
             if isinstance(result, _InQueue):
-                return await _wait_in_queue(lock, result, owner, deadline, started)
+                return await _wait_in_queue(core, lock, result, owner, deadline, started)
             if isinstance(result, _HoldRetired):
-                hold = locks._new_hold(owner)
+                hold = core.new_hold(owner)
             now = loop.time()
             wait: float | None
             if isinstance(result, Busy):
                 last_busy = result
                 if deadline is not None and now >= deadline:
-                    _give_up(lock, hold, owner, result, timeout, started)
+                    _give_up(core, lock, hold, owner, result, timeout, started)
                 failing_since = None
                 backoff.reset()
                 wait = None if deadline is None else deadline - now
@@ -129,16 +139,16 @@ async def acquire_new(lock: Lock, owner: str, timeout: float | None) -> Lease:
                     # The server answered "taken" before; the time is up. This
                     # try may have gone through unseen: give it back by identity.
                     if not isinstance(result, _HoldRetired):  # (a retired one is rolled back)
-                        _probe_release(lock, hold, owner)
-                    _give_up(lock, hold, owner, last_busy, timeout, started)
+                        _probe_release(core, lock, hold, owner)
+                    _give_up(core, lock, hold, owner, last_busy, timeout, started)
                 if server_deadline is not None and now >= server_deadline:
-                    _give_up(lock, hold, owner, result, timeout, started)
+                    _give_up(core, lock, hold, owner, result, timeout, started)
                 # A server that cannot even be connected to is given up on after
                 # the connect timeout; one that stopped answering, after a ttl.
                 patience = _patience(result, lock.ttl)
                 limited = server_deadline is None or patience < lock.ttl
                 if limited and now - failing_since >= patience:
-                    _give_up(lock, hold, owner, result, timeout, started)
+                    _give_up(core, lock, hold, owner, result, timeout, started)
                 pause = backoff.next()
                 wait = min(pause, failing_since + patience - now) if limited else pause
                 if server_deadline is not None:
@@ -149,30 +159,28 @@ async def acquire_new(lock: Lock, owner: str, timeout: float | None) -> Lease:
                 await asyncio.sleep(max(wait or 0.0, 0.0))
 
 
-def _new_lease(lock: Lock, owner: str, hold: str, sent: float) -> Lease:
-    locks = lock._locks
+def _new_lease(core: Core, lock: Want, owner: str, hold: str, sent: float) -> Lease:
     return Lease(
-        ref=lock._ref,
-        key=lock._key,
+        ref=lock.ref,
+        key=lock.key,
         owner=owner,
         hold=hold,
         ttl=lock.ttl,
-        lease_time=locks._backend.lease_time(lock.ttl),
+        lease_time=core.backend.lease_time(lock.ttl),
         sent_at=sent,
-        on_lost=locks._lease_lost,
-        releaser=locks._release_lease,
+        on_lost=core.lease_lost,
+        releaser=core.release,
     )
 
 
 async def _attempt(
-    lock: Lock, hold: str, owner: str, deadline: float | None, enqueue: bool
+    core: Core, lock: Want, hold: str, owner: str, deadline: float | None, enqueue: bool
 ) -> Lease | Busy | _InQueue | BaseException:
     """One try. Returns the new Lease, Busy, the queued hold, or the connection error to retry after."""
-    locks = lock._locks
-    backend = locks._backend
+    backend = core.backend
     loop = asyncio.get_running_loop()
     sent = loop.time()
-    lease = _new_lease(lock, owner, hold, sent)
+    lease = _new_lease(core, lock, owner, hold, sent)
     # Bound each request by the lease time (a later answer would be useless)
     # and by the caller's deadline, but never below one request window, so
     # that the last try before the deadline can still be answered.
@@ -183,17 +191,17 @@ async def _attempt(
     # release the hold by its identity, which is harmless if the try got
     # nothing, and retry under a new hold id.
     try:
-        with locks._deadlines.bound(bound):
-            result = await backend.try_acquire(lock._ref, hold, lock.ttl, enqueue=enqueue)
+        with core.deadlines.bound(bound):
+            result = await backend.try_acquire(lock.ref, hold, lock.ttl, enqueue=enqueue)
     except asyncio.CancelledError:
         await settle(
-            locks._spawn,
+            core.spawn,
             release_by_identity(backend, lease, raise_errors=False),
             request_window(lease._lease_time),
         )
         raise
     except TimeoutError as exc:
-        locks._spawn(release_by_identity(backend, lease, raise_errors=False))
+        core.spawn(release_by_identity(backend, lease, raise_errors=False))
         return _HoldRetired(exc)
     except ConfigurationError:
         raise  # no retry can fix it; the try got nothing
@@ -203,70 +211,64 @@ async def _attempt(
         return result
     if isinstance(result, Queued):
         return _InQueue(result, lease)
-    return await _granted(lock, lease, result, acquired_at=sent)
+    return await _granted(core, lease, result, acquired_at=sent)
 
 
-async def _granted(lock: Lock, lease: Lease, result: Acquired, *, acquired_at: float) -> Lease | _HoldRetired:
+async def _granted(core: Core, lease: Lease, result: Acquired, *, acquired_at: float) -> Lease | _HoldRetired:
     """Hold ``lease`` (the server granted it): from now on the keeper renews it."""
-    locks = lock._locks
     loop = asyncio.get_running_loop()
     lease.token = result.token
-    if locks._closed:
-        await _give_back_closed(lock, lease)
+    if core.closed:
+        await _give_back_closed(core, lease)
     lease._acquired_at = acquired_at
     if result.confirmed_at is not None:
         lease._renewed(result.confirmed_at)
     if loop.time() >= lease._expires_at:
         # The answer came too late to be trusted; give it back.
-        locks._spawn(release_by_identity(locks._backend, lease, raise_errors=False))
+        core.spawn(release_by_identity(core.backend, lease, raise_errors=False))
         return _HoldRetired(TimeoutError("the answer arrived after the lease time"))
-    keeper = locks._keeper
-    assert keeper is not None
-    keeper.add(lease)
-    locks._holds.setdefault(lock._key, {})[lease.owner] = lease
+    core.hold(lease)
     return lease
 
 
-async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float | None, started: float) -> Lease:
+async def _wait_in_queue(
+    core: Core, lock: Want, inq: _InQueue, owner: str, deadline: float | None, started: float
+) -> Lease:
     """Wait until the queued hold of ``inq`` is granted, or the deadline passes (then leave the queue)."""
-    locks = lock._locks
-    backend = locks._backend
+    backend = core.backend
     queues = cast(Queues, backend)  # it answered Queued
     lease = inq.lease
     queued = inq.queued
     loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
     window = request_window(lease._lease_time)
     backoff = Backoff()
     failing_since: float | None = None
 
     def give_back() -> None:
-        locks._spawn(release_by_identity(backend, lease, raise_errors=False))
+        core.spawn(release_by_identity(backend, lease, raise_errors=False))
 
     while True:
-        if locks._closed:
+        if core.closed:
             # (queued by a try answered after the close began): out of the queue
             # before saying so, as a grant answered then is given back
-            locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
-            await _give_back_closed(lock, lease)
+            core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
+            await _give_back_closed(core, lease)
         until = deadline
         if queued.poll_after is not None:
             poll = loop.time() + queued.poll_after
             until = poll if until is None else min(until, poll)
-        locks._waits[task] = False
+        wait = core.waiting()
         try:
-            result = await queues.wait_queued(lock._ref, lease._hold, lock.ttl, until)
+            with wait:
+                result = await queues.wait_queued(lock.ref, lease._hold, lock.ttl, until)
         except asyncio.CancelledError:
-            closed_by_client = locks._wait_ended(task)
             # Out of the queue, and a grant that raced in is given back.
-            await settle(locks._spawn, release_by_identity(backend, lease, raise_errors=False), window)
-            if closed_by_client and task.uncancel() == 0:
-                locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
+            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False), window)
+            if wait.closed and wait.task.uncancel() == 0:
+                core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
                 raise BackendUnavailable(CLOSED) from None
             raise
         except (LockError, OSError, TimeoutError) as exc:
-            locks._wait_ended(task)
             now = loop.time()
             failing_since = now if failing_since is None else failing_since
             final = isinstance(exc, ConfigurationError) or (isinstance(exc, BackendUnavailable) and not exc.retryable)
@@ -275,31 +277,29 @@ async def _wait_in_queue(lock: Lock, inq: _InQueue, owner: str, deadline: float 
                 # No retry can fix it, or the server stays away (past a lease time of
                 # failures the queue entry is gone anyway): give back whatever it may hold.
                 give_back()
-                locks._emit("timeout", lock.name, owner, None, wait_s=now - started)
+                core.events.emit("timeout", lock.name, owner, None, wait_s=now - started)
                 raise unavailable(exc) from exc
             pause = backoff.next()
             await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
             continue
         except BaseException:
-            locks._wait_ended(task)
             give_back()
             raise
-        locks._wait_ended(task)
         failing_since = None
         backoff.reset()
         if isinstance(result, Acquired):
             # Held from the grant, not from joining the queue.
-            got = await _granted(lock, lease, result, acquired_at=loop.time())
+            got = await _granted(core, lease, result, acquired_at=loop.time())
             if isinstance(got, _HoldRetired):
-                locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
+                core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
                 raise unavailable(TimeoutError("the grant arrived after the lease time had passed"))
-            return _got(lock, got, started)
+            return _got(core, got, started)
         queued = result
         if deadline is not None and loop.time() >= deadline:
             # Time is up: leave the queue (a grant that raced in is given back, to
             # the next in line) before saying so.
-            await settle(locks._spawn, release_by_identity(backend, lease, raise_errors=False), window)
-            _give_up(lock, lease._hold, owner, Busy(None), deadline - started, started)
+            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False), window)
+            _give_up(core, lock, lease._hold, owner, Busy(None), deadline - started, started)
 
 
 def _patience(failure: object, longest: float) -> float:
@@ -310,39 +310,41 @@ def _patience(failure: object, longest: float) -> float:
 
 
 def _give_up(
-    lock: Lock, hold: str, owner: str, last: Lease | Busy | BaseException, timeout: float | None, started: float
+    core: Core,
+    lock: Want,
+    hold: str,
+    owner: str,
+    last: Lease | Busy | BaseException,
+    timeout: float | None,
+    started: float,
 ) -> NoReturn:
-    locks = lock._locks
-    loop = asyncio.get_running_loop()
-    locks._emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
+    core.events.emit("timeout", lock.name, owner, None, wait_s=asyncio.get_running_loop().time() - started)
     if isinstance(last, _HoldRetired):
         raise unavailable(last.__cause__ or last) from last.__cause__
     if isinstance(last, BaseException):
         # An earlier try may have gone through unseen: give it back by identity
         # (not when no connection could be made at all: nothing reached the server).
         if not (isinstance(last, BackendUnavailable) and last.connect_timeout is not None):
-            _probe_release(lock, hold, owner)
+            _probe_release(core, lock, hold, owner)
         raise unavailable(last) from last
     raise LockTimeout(lock.name, timeout)
 
 
-def _probe_release(lock: Lock, hold: str, owner: str) -> None:
+def _probe_release(core: Core, lock: Want, hold: str, owner: str) -> None:
     """Release ``hold`` in the background, in case a try whose answer was lost got it."""
-    locks = lock._locks
-    probe = _new_lease(lock, owner, hold, asyncio.get_running_loop().time())
-    locks._spawn(release_by_identity(locks._backend, probe, raise_errors=False))
+    probe = _new_lease(core, lock, owner, hold, asyncio.get_running_loop().time())
+    core.spawn(release_by_identity(core.backend, probe, raise_errors=False))
 
 
-def _got(lock: Lock, lease: Lease, started: float) -> Lease:
+def _got(core: Core, lease: Lease, started: float) -> Lease:
     wait = asyncio.get_running_loop().time() - started
-    lock._locks._emit("acquired", lock.name, lease.owner, lease.token, wait_s=wait)
+    core.events.emit("acquired", lease.name, lease.owner, lease.token, wait_s=wait)
     return lease
 
 
-async def _give_back_closed(lock: Lock, lease: Lease) -> NoReturn:
+async def _give_back_closed(core: Core, lease: Lease) -> NoReturn:
     """An acquire answered after its client was closed: release it (bounded) and refuse."""
-    locks = lock._locks
     give_up = asyncio.get_running_loop().time() + 2 * REQUEST_WINDOW
-    task = locks._spawn(release_by_identity(locks._backend, lease, raise_errors=False, give_up=give_up))
+    task = core.spawn(release_by_identity(core.backend, lease, raise_errors=False, give_up=give_up))
     await asyncio.shield(task)
     raise BackendUnavailable(CLOSED)

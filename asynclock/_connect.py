@@ -8,6 +8,7 @@ from ._client import EventCallback, Locks
 from ._options import DEFAULT_CONNECT_TIMEOUT, seconds, take_query
 from ._validate import check_ttl
 from .abc import Backend
+from .backends._registry import SCHEMES, Common
 
 #: Options that asynclock reads from a URL's query string for every backend.
 _OWN_OPTIONS = {"ttl", "prefix", "connect_timeout"}
@@ -57,9 +58,10 @@ def connect(
 
         async with asynclock.connect("redis://localhost:6379/0", ttl=10) as locks:
             async with locks.lock("orders:42") as lease:
-                ... Raises ValueError for an unknown
-    scheme, an unknown option (naming the valid ones) or a bad value, and
-    TypeError for an unsupported object.
+                ...
+
+    Raises ValueError for an unknown scheme, an unknown option (naming the
+    valid ones) or a bad value, and TypeError for an unsupported object.
     """
     if connect_timeout is not None:
         connect_timeout = seconds(connect_timeout, "connect_timeout")
@@ -90,51 +92,15 @@ def _from_url(
     chosen_prefix = _check_prefix(prefix if prefix is not None else own.get("prefix", "asynclock"))
     if connect_timeout is None:
         connect_timeout = seconds(own.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT), "connect_timeout")
-    common: dict[str, Any] = {"prefix": chosen_prefix, "connect_timeout": connect_timeout}
-    if scheme == "memory":
-        from .backends.memory import MemoryBackend
-
-        return MemoryBackend.from_url(rest, prefix=chosen_prefix, **options), url_opts
-    if scheme in ("redis", "rediss", "unix"):
-        from .backends.redis import RedisBackend
-
-        return RedisBackend.from_url(rest, **common, **options), url_opts
-    if scheme in ("postgresql", "postgres"):
-        from .backends.postgres import PostgresBackend
-
-        return PostgresBackend.from_url(rest, **common, **options), url_opts
-    if scheme == "zk":
-        from .backends.zookeeper import ZooKeeperBackend
-
-        # The lease is the session: the backend chooses the ttl and the session
-        # timeout together (the ttl follows a given session_timeout).
-        given_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl")
-        zk = ZooKeeperBackend.from_url(rest, ttl=given_ttl, **common, **options)
-        url_opts.setdefault("ttl", zk.ttl)
-        return zk, url_opts
-    if scheme in ("etcd", "etcds"):
-        from .backends.etcd import EtcdBackend
-
-        # one etcd lease per client, whose TTL is the client's ttl
-        lease_ttl = check_ttl(ttl) if ttl is not None else url_opts.get("ttl", 30.0)
-        return EtcdBackend.from_url(rest, ttl=lease_ttl, **common, **options), url_opts
-    if scheme == "redlock":
-        from .backends.redlock import RedlockBackend
-
-        return RedlockBackend.from_url(rest, **common, **options), url_opts
-    if scheme == "redis+sentinel":
-        from .backends.sentinel import SentinelBackend
-
-        return SentinelBackend.from_url(rest, **common, **options), url_opts
-    if scheme == "redis+cluster":
-        from .backends.cluster import ClusterBackend
-
-        return ClusterBackend.from_url(rest, **common, **options), url_opts
-    known = (
-        "memory://, redis://, rediss://, unix://, postgresql://, postgres://, zk://,"
-        " etcd://, etcds://, redlock://, redis+sentinel://, redis+cluster://"
-    )
-    raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
+    given_ttl = ttl if ttl is not None else url_opts.get("ttl")
+    entry = SCHEMES.get(scheme)
+    if entry is None:
+        known = ", ".join(f"{name}://" for name in SCHEMES)
+        raise ValueError(f"unknown lock URL scheme {scheme!r} in {url!r}; supported: {known}")
+    backend, chosen_ttl = entry.open(rest, Common(chosen_prefix, connect_timeout, given_ttl), options)
+    if chosen_ttl is not None:
+        url_opts.setdefault("ttl", chosen_ttl)
+    return backend, url_opts
 
 
 def _from_client(client: Any, prefix: str | None, options: dict[str, Any], connect_timeout: float) -> Backend:

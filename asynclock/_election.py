@@ -22,10 +22,11 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import anyio
 
+from ._core import Core
 from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, NotHeld, unavailable
 from ._lease import Lease
 from ._lock import Lock
@@ -35,9 +36,6 @@ from ._timing import Backoff, request_window
 from ._validate import check_timeout
 from ._values import Leader, LockInfo, LossReason
 from .abc import Elects, LeaderWatch, LockRef, unsupported
-
-if TYPE_CHECKING:
-    from ._client import Locks
 
 logger = logging.getLogger("asynclock")
 
@@ -120,14 +118,14 @@ class Election:
     Raises NotImplementedError (when made) on a backend without elections.
     """
 
-    __slots__ = ("_identity", "_locks", "_ref", "_resigned", "_terms", "name", "ttl")
+    __slots__ = ("_core", "_identity", "_ref", "_resigned", "_terms", "name", "ttl")
 
-    def __init__(self, locks: Locks, name: str, identity: str | None, ttl: float) -> None:
-        backend = locks._backend
+    def __init__(self, core: Core, name: str, identity: str | None, ttl: float) -> None:
+        backend = core.backend
         backend.check_kind("election")  # (a backend without elections may say why)
         if not isinstance(backend, Elects):
             raise unsupported(backend.scheme, "election", "see the docs' backends table for those that have it")
-        self._locks = locks
+        self._core = core
         self.name = name
         self.ttl = ttl
         self._identity = None if identity is None else check_identity(identity)
@@ -148,7 +146,7 @@ class Election:
     @property
     def key(self) -> str:
         """The backend's own name for the election (znode path, key), for other tools."""
-        return self._locks._backend.lock_key(self._ref)
+        return self._core.backend.lock_key(self._ref)
 
     @property
     def leading(self) -> bool:
@@ -188,8 +186,8 @@ class Election:
         (the term is over all the same: its hold is no longer renewed and
         expires by itself).
         """
-        locks = self._locks
-        locks._check_open()
+        core = self._core
+        core.check_open()
         me = current_owner()
         held = [lease for lease in self._terms if lease._held]
         targets = [lease for lease in held if lease.owner == me] or held
@@ -197,7 +195,7 @@ class Election:
             raise NotHeld(self.name, "this candidate does not lead")
         inside = False
         for lease in targets:
-            scopes = list(lease._scopes)
+            scopes = list(lease._bodies())
             if lease._check_deadline() or lease.lost:
                 raise LockLost(self.name, lease.lost_reason or "lost", lease._loss)
             self._resigned.add(lease._hold)
@@ -208,7 +206,7 @@ class Election:
                     scope.cancel()
                 continue
             try:
-                await locks._release_lease(lease)
+                await core.release(lease)
             except NotHeld as exc:
                 self._resigned.discard(lease._hold)
                 loss = lease._loss or LossReason.TAKEN_OR_EXPIRED
@@ -225,11 +223,11 @@ class Election:
         Raises :class:`BackendUnavailable` when the server did not answer in a
         request window (a third of the ttl, at most a second).
         """
-        locks = self._locks
-        await locks._ensure_started()
-        backend = cast(Elects, locks._backend)
+        core = self._core
+        await core.start()
+        backend = cast(Elects, core.backend)
         try:
-            async with asyncio.timeout(request_window(locks._backend.lease_time(self.ttl))):
+            async with asyncio.timeout(request_window(core.backend.lease_time(self.ttl))):
                 try:
                     return await backend.leader(self._ref)
                 except ConfigurationError:
@@ -272,24 +270,24 @@ class _Candidacy(Lock):
     __slots__ = ("_election",)
 
     def __init__(self, election: Election, identity: str | None) -> None:
-        super().__init__(election._locks, LockRef("election", election.name, identity=identity), election.ttl)
-        self._election = election
         # One hold per task whatever the identity: a task leads once.
-        self._key = election._ref
+        ref = LockRef("election", election.name, identity=identity)
+        super().__init__(election._core, ref, election.ttl, key=election._ref)
+        self._election = election
 
     async def _resigned_exit(self, lease: Lease) -> None:
         """Leaving a body whose term was resigned: give the whole term back now (if resign() has not)."""
         if not lease._held or lease.lost:
             return
-        locks = self._locks
+        core = self._core
         try:
-            await locks._release_lease(lease)
+            await core.release(lease)
         except NotHeld:
             pass  # lost while the body unwound: the term is over either way
         except BackendUnavailable as err:
             # Nobody renews it any more: it expires by itself.
             logger.warning("release of election %r failed, it will expire by itself: %r", self.name, err)
-            locks._spawn(release_by_identity(locks._backend, lease, raise_errors=False))
+            core.spawn(release_by_identity(core.backend, lease, raise_errors=False))
 
     def __repr__(self) -> str:
         return f"<Candidacy {self.name!r} identity={self._ref.identity!r}>"
@@ -306,14 +304,14 @@ class _Candidacy(Lock):
         stack.pop()
         if not stack:
             del self._scopes[owner]
-        lease._scopes.remove(scope)
+        lease._remove_body(scope)
         # resign() cancelled this body on purpose: the block ends quietly
         # (an exception of the body's own still propagates).
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
         try:
             await self._resigned_exit(lease)
         finally:
-            if not lease._scopes:
+            if not lease._bodies():
                 resigned.discard(lease._hold)
         return swallowed
 
@@ -350,7 +348,7 @@ class _Leadership:
         try:
             return await candidacy.__aexit__(exc_type, exc, tb)
         finally:
-            if not lease._scopes and not (lease._held and not lease.lost):
+            if not lease._bodies() and not (lease._held and not lease.lost):
                 self._election._terms.pop(lease, None)
 
 
@@ -371,34 +369,31 @@ class _LeaderChanges:
 
     async def __anext__(self) -> Leader | None:
         election = self._election
-        locks = election._locks
-        if self._ended or locks._closed:
+        core = election._core
+        if self._ended or core.closed:
             self._end()
             raise StopAsyncIteration
-        await locks._ensure_started()
+        await core.start()
         if self._watch is None:
-            self._watch = cast(Elects, locks._backend).observe(election._ref)
+            self._watch = cast(Elects, core.backend).observe(election._ref)
         watch = self._watch
-        task = asyncio.current_task()
-        assert task is not None
         loop = asyncio.get_running_loop()
         failing_since: float | None = None
-        patience = locks._backend.lease_time(election.ttl)
+        patience = core.backend.lease_time(election.ttl)
         while True:
-            locks._waits[task] = False
+            wait = core.waiting()
             try:
-                leader = await watch.next()
+                with wait:
+                    leader = await watch.next()
             except asyncio.CancelledError:
-                if locks._wait_ended(task) and task.uncancel() == 0:
+                if wait.closed and wait.task.uncancel() == 0:
                     self._end()  # the client was closed: the iteration is over
                     raise StopAsyncIteration from None
                 raise
             except ConfigurationError:
-                locks._wait_ended(task)
                 self._end()
                 raise
             except (LockError, OSError) as exc:
-                locks._wait_ended(task)
                 now = loop.time()
                 failing_since = now if failing_since is None else failing_since
                 if now - failing_since >= patience:
@@ -406,10 +401,6 @@ class _LeaderChanges:
                     raise unavailable(exc) from exc
                 await asyncio.sleep(self._backoff.next())
                 continue
-            except BaseException:
-                locks._wait_ended(task)
-                raise
-            locks._wait_ended(task)
             failing_since = None
             self._backoff.reset()
             if leader != self._last:

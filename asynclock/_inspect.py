@@ -15,6 +15,7 @@ from ._errors import BackendUnavailable
 from ._lock import Lock
 from ._options import mask_url
 from ._values import LockInfo
+from .abc import Listable
 
 #: What ``--kind`` may name.
 KINDS = ("lock", "fair", "rw", "semaphore", "election")
@@ -59,11 +60,11 @@ async def _collect(locks: Locks, names: Sequence[str], kind: str) -> list[LockIn
         wanted = list(names)
         handle(locks, kind, "probe")  # refuses an unknown kind, or one the backend lacks, before any I/O
         if not wanted:
-            lister = getattr(locks.backend, "names", None)
-            if lister is None or kind != "lock":
+            backend = locks.backend
+            if not isinstance(backend, Listable) or kind != "lock":
                 what = "locks" if kind == "lock" else f"{kind} primitives"
-                raise ValueError(f"the {locks.backend.scheme} backend cannot list its {what}: name them")
-            wanted = sorted(await lister())
+                raise ValueError(f"the {backend.scheme} backend cannot list its {what}: name them")
+            wanted = sorted(await backend.names())
         return [await handle(locks, kind, name).info() for name in wanted]
 
 

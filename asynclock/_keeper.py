@@ -124,7 +124,7 @@ class LeaseKeeper:
     async def aclose(self) -> None:
         """Stop renewing. A lease nobody renews any more is still lost at its deadline, with its bodies."""
         for _, _, cohort in self._heap:
-            if cohort.timer is None and any(lease._scopes and self._mine(cohort, lease) for lease in cohort.leases):
+            if cohort.timer is None and any(lease._bodies() and self._mine(cohort, lease) for lease in cohort.leases):
                 self._arm(cohort)
         tasks = [*self._inflight, *([self._task] if self._task is not None else [])]
         for task in tasks:
@@ -282,7 +282,7 @@ class LeaseKeeper:
                 self._leave(lease)
                 lease._renewed(sent)
                 renewed.setdefault(lease._ttl, []).append(lease)
-                if lease._scopes:
+                if lease._bodies():
                     guarded.add(lease._ttl)
                 if on_renewed is not None:
                     on_renewed(lease)
@@ -309,7 +309,7 @@ class LeaseKeeper:
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("renewed %d leases until %.3f", len(leases), first._expires_at)
         for lease in retry:
-            self._schedule([lease], lease._next_due, lease._expires_at, guarded=bool(lease._scopes))
+            self._schedule([lease], lease._next_due, lease._expires_at, guarded=bool(lease._bodies()))
 
     def _unanswered(self, group: list[Lease]) -> None:
         """A renewal of ``group`` has not answered within half the time left: its leases are at risk."""

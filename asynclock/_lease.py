@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -271,8 +272,7 @@ class Lease:
         if not self._held:
             return
         self._mark_lost(reason, loss)
-        for scope in self._scopes:
-            scope.cancel()
+        self._cancel_bodies()
         self._on_lost(self, reason, loss)
 
     def _close(self, reason: str, spare_owner: str | None) -> None:
@@ -281,8 +281,62 @@ class Lease:
         close short; it gets LockLost when it leaves its block)."""
         self._mark_lost(reason, LossReason.CLIENT_CLOSED)
         if self.owner != spare_owner:
-            for scope in self._scopes:
-                scope.cancel()
+            self._cancel_bodies()
+
+    def _add_body(self, scope: anyio.CancelScope) -> None:
+        """A body runs under this lease in ``scope``: a loss cancels it."""
+        self._scopes.append(scope)
+
+    def _remove_body(self, scope: anyio.CancelScope) -> None:
+        self._scopes.remove(scope)
+
+    def _bodies(self) -> list[anyio.CancelScope]:
+        """The cancel scopes of the bodies that run under this lease now."""
+        return self._scopes
+
+    def _mark_released(self) -> None:
+        """Released (or about to be, by a request already decided on): no longer held."""
+        self._released = True
+
+    def _release_refused(self, reason: str) -> None:
+        """The server no longer had the hold when its release came: it was lost before, not released."""
+        self._released = False
+        self._lose(reason, LossReason.TAKEN_OR_EXPIRED)
+
+    def _keep_until(self, until: float) -> None:
+        """Each renewal makes the server keep the hold until the loop time ``until`` (and a window), no longer."""
+        self._hold_until = until
+
+    def _cancel_bodies(self) -> None:
+        """Cancel every ``async with`` body that runs under this lease."""
+        for scope in self._scopes:
+            scope.cancel()
+
+    def _held_for(self) -> float:
+        """Seconds since the hold was acquired."""
+        return _now() - self._acquired_at
+
+    def _kept_past(self, now: float) -> bool:
+        """Whether the server keeps the hold beyond the loop time ``now`` on purpose (a singleton's ``at_least``)."""
+        return self._hold_until is not None and self._hold_until > now
+
+    def _watch_owner(self, task: asyncio.Task[Any], on_end: Callable[[Lease, asyncio.Task[Any]], None]) -> None:
+        """Call ``on_end(self, task)`` if ``task``, the hold's owner, ends before :meth:`_unwatch_owner`."""
+        if self._owner_task is task:
+            return
+        self._owner_task = task
+        self._owner_done = functools.partial(self._owner_ended, on_end)
+        task.add_done_callback(self._owner_done)
+
+    def _owner_ended(self, on_end: Callable[[Lease, asyncio.Task[Any]], None], task: asyncio.Task[Any]) -> None:
+        self._owner_task = self._owner_done = None
+        on_end(self, task)
+
+    def _unwatch_owner(self) -> None:
+        task, done = self._owner_task, self._owner_done
+        if task is not None and done is not None:
+            self._owner_task = self._owner_done = None
+            task.remove_done_callback(done)
 
     def _mark_lost(self, reason: str, loss: LossReason) -> None:
         self._reason = reason

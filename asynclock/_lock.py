@@ -16,8 +16,8 @@ from types import TracebackType
 
 import anyio
 
-from ._acquire import acquire_new
-from ._client import Locks
+from ._acquire import Want, acquire_new
+from ._core import Core
 from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, NotHeld, unavailable
 from ._lease import Lease
 from ._owner import current_owner, detached_owner
@@ -52,21 +52,23 @@ class Lock:
     that refuses the client's configuration :class:`ConfigurationError`.
     """
 
-    __slots__ = ("_key", "_locks", "_ref", "_scopes", "name", "ttl")
+    __slots__ = ("_core", "_key", "_ref", "_scopes", "_want", "name")
 
-    def __init__(self, locks: Locks, ref: LockRef, ttl: float) -> None:
-        backend = locks._backend
+    def __init__(self, core: Core, ref: LockRef, ttl: float, *, key: LockRef | None = None) -> None:
+        backend = core.backend
         backend.check_kind(ref.kind)  # NotImplementedError before any I/O
-        self._locks = locks
+        self._core = core
         self._ref = ref
         self.name = ref.name
-        self.ttl = ttl
-        plain = LockRef("lock", ref.name)
-        # Where this is the very lock the plain lock of this name is on the
-        # server (the fair lock where the plain lock is FIFO already), one
-        # hold per task serves both handles, so re-entry works across them.
-        same = ref.kind != "lock" and backend.lock_key(ref) == backend.lock_key(plain)
-        self._key = plain if same else ref
+        if key is None:
+            plain = LockRef("lock", ref.name)
+            # Where this is the very lock the plain lock of this name is on the
+            # server (the fair lock where the plain lock is FIFO already), one
+            # hold per task serves both handles, so re-entry works across them.
+            same = ref.kind != "lock" and backend.lock_key(ref) == backend.lock_key(plain)
+            key = plain if same else ref
+        self._key = key
+        self._want = Want(ref, key, ttl)
         self._scopes: dict[str, list[tuple[Lease, anyio.CancelScope]]] = {}
 
     def __repr__(self) -> str:
@@ -74,9 +76,14 @@ class Lock:
         return f"<Lock {self.name!r}{fair} ttl={self.ttl}>"
 
     @property
+    def ttl(self) -> float:
+        """The lease time of this lock's holds, in seconds."""
+        return self._want.ttl
+
+    @property
     def key(self) -> str:
         """The backend's own name for this lock (Redis key, znode path, advisory key)."""
-        return self._locks._backend.lock_key(self._ref)
+        return self._core.backend.lock_key(self._ref)
 
     @property
     def held(self) -> bool:
@@ -84,13 +91,13 @@ class Lock:
         return self._holding()
 
     def _holding(self) -> bool:
-        lease = self._locks._holds.get(self._key, {}).get(current_owner())
+        lease = self._core.holds.get(self._key, current_owner())
         return lease is not None and not lease.lost
 
     async def info(self) -> LockInfo:
         """What the server knows: holder, hold count, remaining ttl, waiters, token."""
-        await self._locks._ensure_started()
-        backend = self._locks._backend
+        await self._core.start()
+        backend = self._core.backend
         try:
             async with asyncio.timeout(request_window(backend.lease_time(self.ttl))):
                 try:
@@ -127,16 +134,16 @@ class Lock:
         timeout = check_timeout(timeout)
         if not isinstance(detached, bool):
             raise TypeError(f"detached must be a bool, not {type(detached).__name__}")
-        locks = self._locks
-        await locks._ensure_started()
+        core = self._core
+        await core.start()
         if detached:
-            return await acquire_new(self, detached_owner(), timeout)
+            return await acquire_new(core, self._want, detached_owner(), timeout)
         owner = current_owner()
-        held = locks._holds.get(self._key, {}).get(owner)
+        held = core.holds.get(self._key, owner)
         if held is not None:
             return await self._reenter(held)
-        lease = await acquire_new(self, owner, timeout)
-        locks._watch_owner(lease)
+        lease = await acquire_new(core, self._want, owner, timeout)
+        core.watch_owner(lease)
         return lease
 
     async def release(self) -> None:
@@ -146,16 +153,16 @@ class Lock:
         acquired, already released, or the lease was lost), and changes nothing
         on the server then.
         """
-        locks = self._locks
-        locks._check_open()
-        lease = locks._holds.get(self._key, {}).get(current_owner())
+        core = self._core
+        core.check_open()
+        lease = core.holds.get(self._key, current_owner())
         if lease is None or lease.lost:
             raise NotHeld(self.name)
         if lease.hold_count > 1:
             lease.hold_count -= 1
             await self._record_count(lease)
             return
-        await locks._release_lease(lease)
+        await core.release(lease)
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
@@ -168,9 +175,9 @@ class Lock:
         # at its deadline at the latest (a loop timer, while a body runs under it).
         scope = anyio.CancelScope()
         scope.__enter__()
-        lease._scopes.append(scope)
+        lease._add_body(scope)
         self._scopes.setdefault(lease.owner, []).append((lease, scope))
-        keeper = self._locks._keeper
+        keeper = self._core.keeper
         if keeper is not None:
             keeper.guard(lease)
 
@@ -182,7 +189,7 @@ class Lock:
         lease, scope = stack.pop()
         if not stack:
             del self._scopes[owner]
-        lease._scopes.remove(scope)
+        lease._remove_body(scope)
         lease._check_deadline()  # the watchdog stalled or kept failing
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
         if lease._released and not lease.lost:
@@ -209,8 +216,8 @@ class Lock:
         except BackendUnavailable as err:
             # The body finished; the hold is no longer renewed and expires by itself.
             logger.warning("release of %r failed, it will expire by itself: %r", self.name, err)
-            locks = self._locks
-            locks._spawn(release_by_identity(locks._backend, lease, raise_errors=False))
+            core = self._core
+            core.spawn(release_by_identity(core.backend, lease, raise_errors=False))
         return False
 
     # -- internal -------------------------------------------------------------
@@ -230,7 +237,7 @@ class Lock:
 
     async def _record_count(self, lease: Lease) -> None:
         """Tell the server the new hold count (kept there for ``info`` and tools)."""
-        backend = self._locks._backend
+        backend = self._core.backend
         loop = asyncio.get_running_loop()
         give_up = max(lease.expires_at, loop.time() + request_window(lease._lease_time))
         backoff = Backoff()
@@ -264,8 +271,8 @@ class Semaphore(Lock):
 
     __slots__ = ("permits",)
 
-    def __init__(self, locks: Locks, name: str, ttl: float, permits: int) -> None:
-        super().__init__(locks, LockRef("semaphore", name, permits), ttl)
+    def __init__(self, core: Core, name: str, ttl: float, permits: int) -> None:
+        super().__init__(core, LockRef("semaphore", name, permits), ttl)
         self.permits = permits
 
     def __repr__(self) -> str:
@@ -284,8 +291,8 @@ class WriteLock(Lock):
 
     async def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Lease:
         owner = current_owner()
-        holds = self._locks._holds
-        if not detached and owner not in holds.get(self._key, {}) and owner in holds.get(self._read._key, {}):
+        holds = self._core.holds
+        if not detached and holds.get(self._key, owner) is None and holds.get(self._read._key, owner) is not None:
             # Waiting for the write side while holding the read side would wait
             # for ourselves (and two tasks doing it would wait for each other).
             raise LockError(
@@ -310,10 +317,10 @@ class WriteLock(Lock):
 
     def _writes(self, owner: str) -> int:
         """How many write acquisitions ``owner`` has not released (its hold minus joined reads)."""
-        lease = self._locks._holds.get(self._key, {}).get(owner)
+        lease = self._core.holds.get(self._key, owner)
         if lease is None:
             return 0
-        return lease.hold_count - self._locks._joined.get((self.name, owner), 0)
+        return lease.hold_count - self._core.holds.joined(self.name, owner)
 
     async def _release_joined_read(self) -> None:
         await Lock.release(self)
@@ -328,8 +335,8 @@ class ReadLock(Lock):
 
     __slots__ = ("_write",)
 
-    def __init__(self, locks: Locks, name: str, ttl: float, write: WriteLock) -> None:
-        super().__init__(locks, LockRef("read", name), ttl)
+    def __init__(self, core: Core, name: str, ttl: float, write: WriteLock) -> None:
+        super().__init__(core, LockRef("read", name), ttl)
         self._write = write
 
     def __repr__(self) -> str:
@@ -338,33 +345,29 @@ class ReadLock(Lock):
     @property
     def held(self) -> bool:
         """Whether the current task holds the read side (or joined it to its write hold)."""
-        if self._locks._joined.get((self.name, current_owner())):
+        if self._core.holds.joined(self.name, current_owner()):
             return self._write._holding()
         return super().held
 
     async def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Lease:
         check_timeout(timeout)
         owner = current_owner()
-        holds = self._locks._holds
-        if not detached and owner not in holds.get(self._key, {}):
-            writing = holds.get(self._write._key, {}).get(owner)
+        holds = self._core.holds
+        if not detached and holds.get(self._key, owner) is None:
+            writing = holds.get(self._write._key, owner)
             if writing is not None:
                 lease = await self._write._reenter(writing)
-                joined = self._locks._joined
-                joined[self.name, owner] = joined.get((self.name, owner), 0) + 1
+                holds.join(self.name, owner)
                 return lease
         return await super().acquire(timeout=timeout, detached=detached)
 
     async def release(self) -> None:
-        key = (self.name, current_owner())
-        joined = self._locks._joined.get(key)
-        if not joined:
+        owner = current_owner()
+        holds = self._core.holds
+        if not holds.joined(self.name, owner):
             await super().release()
             return
-        if joined == 1:
-            del self._locks._joined[key]
-        else:
-            self._locks._joined[key] = joined - 1
+        holds.unjoin(self.name, owner)
         await self._write._release_joined_read()
 
 
@@ -388,11 +391,11 @@ class RWLock:
 
     __slots__ = ("name", "read", "ttl", "write")
 
-    def __init__(self, locks: Locks, name: str, ttl: float) -> None:
+    def __init__(self, core: Core, name: str, ttl: float) -> None:
         self.name = name
         self.ttl = ttl
-        self.write = WriteLock(locks, LockRef("write", name), ttl)
-        self.read = ReadLock(locks, name, ttl, self.write)
+        self.write = WriteLock(core, LockRef("write", name), ttl)
+        self.read = ReadLock(core, name, ttl, self.write)
         self.write._read = self.read
 
     def __repr__(self) -> str:

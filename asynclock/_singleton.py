@@ -17,20 +17,17 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar
+from typing import Generic, ParamSpec, TypeVar
 
 import anyio
 
+from ._core import Core
 from ._errors import LockError, LockLost, LockTimeout, NotHeld
 from ._lease import Lease
+from ._lock import Lock
 from ._owner import current_owner
 from ._timing import request_window
-from ._validate import check_name
 from ._values import LossReason
-
-if TYPE_CHECKING:
-    from ._client import Locks
-    from ._lock import Lock
 
 __all__ = ["JobRun", "Singleton", "check_bounds"]
 
@@ -103,17 +100,17 @@ class Singleton(Generic[P, R]):
         await nightly_report()      # every replica calls it; one runs it
     """
 
-    __slots__ = ("__dict__", "_func", "_lock", "_locks", "at_least", "at_most", "name")
+    __slots__ = ("__dict__", "_core", "_func", "_lock", "at_least", "at_most", "name")
 
     def __init__(
         self,
-        locks: Locks,
+        core: Core,
         lock: Lock,
         func: Callable[P, Awaitable[R]],
         at_most: float,
         at_least: float,
     ) -> None:
-        self._locks = locks
+        self._core = core
         self._lock = lock
         self._func = func
         self.name = lock.name
@@ -135,13 +132,13 @@ class Singleton(Generic[P, R]):
         ``at_most``, LockLost when the lock was lost while it ran, and
         BackendUnavailable when the server could not be asked (the job did not run).
         """
-        locks = self._locks
+        core = self._core
         loop = asyncio.get_running_loop()
         try:
             # A lease of its own (no task owns it): it outlives this call by up to at_least.
             lease = await self._lock.acquire(timeout=0, detached=True)
         except LockTimeout:
-            locks._emit(
+            core.events.emit(
                 "skipped",
                 self.name,
                 current_owner(),
@@ -151,8 +148,8 @@ class Singleton(Generic[P, R]):
             return JobRun(False, None, None)
         started = loop.time()
         scope = anyio.CancelScope(deadline=started + self.at_most)
-        lease._scopes.append(scope)
-        keeper = locks._keeper
+        lease._add_body(scope)
+        keeper = core.keeper
         if keeper is not None:
             keeper.guard(lease)
         why: str | None = None
@@ -163,11 +160,11 @@ class Singleton(Generic[P, R]):
             why = f"the job raised {exc!r}"
             raise
         finally:
-            lease._scopes.remove(scope)
+            lease._remove_body(scope)
             took = loop.time() - started
             if scope.cancelled_caught:
                 why = lease.lost_reason if lease.lost else f"cut off after at_most ({self.at_most:g} s)"
-            locks._emit("ran", self.name, lease.owner, lease.token, held_s=took, reason=why)
+            core.events.emit("ran", self.name, lease.owner, lease.token, held_s=took, reason=why)
             await self._keep_until(lease, started + (self.at_least if not scope.cancelled_caught else 0.0))
         if scope.cancelled_caught:
             if lease.lost:
@@ -186,15 +183,15 @@ class Singleton(Generic[P, R]):
         if not lease._held or lease.lost:
             return
         loop = asyncio.get_running_loop()
-        locks = self._locks
+        core = self._core
         left = until - loop.time()
         if left > 0:
-            lease._hold_until = until
-            locks._later(until, lambda: locks._spawn(_release_quietly(lease)))
+            lease._keep_until(until)
+            core.later(until, lambda: core.spawn(_release_quietly(lease)))
             # Make the server's hold end at ``until`` now, not at the next renewal.
             try:
                 async with asyncio.timeout(request_window(lease._lease_time)):
-                    await locks._backend.renew([lease._renew_item()])
+                    await core.backend.renew([lease._renew_item()])
             except (LockError, OSError, TimeoutError) as exc:
                 logger.info("could not extend singleton job %r's lock to at_least: %r", lease.name, exc)
             return
@@ -216,15 +213,15 @@ async def _release_quietly(lease: Lease) -> None:
 
 
 def make_singleton(
-    locks: Locks, name: str, at_most: object, at_least: object, ttl: float | None
+    core: Core, make_lock: Callable[[], Lock], at_most: object, at_least: object
 ) -> Callable[[Callable[P, Awaitable[R]]], Singleton[P, R]]:
     """The decorator ``locks.singleton(...)`` returns (arguments checked here, before any I/O)."""
     most, least = check_bounds(at_most, at_least)
-    lock = locks.lock(check_name(name), ttl=ttl)
+    lock = make_lock()
 
     def decorate(func: Callable[P, Awaitable[R]]) -> Singleton[P, R]:
         if not callable(func):
             raise TypeError(f"@locks.singleton decorates an async function, not {type(func).__name__}")
-        return Singleton(locks, lock, func, most, least)
+        return Singleton(core, lock, func, most, least)
 
     return decorate

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigurationError, LockError
@@ -68,13 +68,13 @@ class WakeHub:
     def __init__(
         self,
         backend: Notifies | None,
-        background: set[asyncio.Task[Any]],
+        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
         lose: Callable[[Sequence[str] | None, str, LossReason], None],
         at_risk: Callable[[Sequence[str] | None, str], None],
     ) -> None:
         self._backend = backend
         self._entries: dict[str, _Entry] = {}
-        self._background = background
+        self._spawn = spawn
         self._lose = lose
         self._at_risk = at_risk
 
@@ -114,6 +114,10 @@ class WakeHub:
         entry = self._entries.get(name)
         return len(entry.waiters) if entry else 0
 
+    def waiters(self) -> dict[str, int]:
+        """How many local waiters each name has now (names with none are left out)."""
+        return {name: len(entry.waiters) for name, entry in self._entries.items() if entry.waiters}
+
     @contextlib.asynccontextmanager
     async def watch(self, name: str) -> AsyncIterator[Waiter]:
         """Register a waiter for ``name``; returns once notifications are in effect."""
@@ -133,9 +137,7 @@ class WakeHub:
                 self.wake_one(name)  # pass an unconsumed wake-up on
             if not entry.waiters and self._entries.get(name) is entry:
                 del self._entries[name]
-                task = asyncio.get_running_loop().create_task(self._unsubscribe(name, entry))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._spawn(self._unsubscribe(name, entry))
 
     async def _subscribe(self, name: str) -> None:
         assert self._backend is not None, "a backend that never answers Busy has no release notifications"

@@ -294,6 +294,18 @@ class Elects(Protocol):
 
 
 @runtime_checkable
+class BoundsTtl(Protocol):
+    """A backend whose holds share one lease of the client's (ZooKeeper's session, etcd's lease).
+
+    A handle's ttl is checked against it when the handle is made: ``check_ttl``
+    refuses, with ValueError and without I/O, a ttl the backend cannot carry.
+    """
+
+    def check_ttl(self, ttl: float) -> None:
+        """Raise ValueError if holds of ``ttl`` seconds cannot be kept; no I/O."""
+
+
+@runtime_checkable
 class Listable(Protocol):
     """A backend that can list the plain locks held under its prefix (``asynclock inspect``)."""
 

@@ -623,13 +623,14 @@ async def _watchdog_one(asynclock: Any, subject: Subject, servers: Servers, size
         tasks = [asyncio.create_task(holder(i)) for i in range(holders)]
         try:
             deadline = time.monotonic() + 300
-            while (locks._keeper is None or len(locks._keeper) < size) and time.monotonic() < deadline:
+            while (locks._core.keeper is None or len(locks._core.keeper) < size) and time.monotonic() < deadline:
                 failed = [t for t in tasks if t.done()]
                 if failed:
                     await failed[0]
                 await asyncio.sleep(0.05)
             acquire_s = time.monotonic() - started_at
-            keeper = locks._keeper
+            keeper = locks._core.keeper
+            assert keeper is not None
             # let the renewals of the acquisition phase settle into their rhythm
             await asyncio.sleep(1.5 * period)
             renewals = keeper.round_trips

@@ -21,6 +21,7 @@ from asynclock.backends.etcd import EtcdBackend, _recipe, _watch
 from asynclock.backends.etcd._client import _KV
 from asynclock.backends.etcd._replies import Created, TxnResult, deleted_count
 from asynclock.backends.etcd._wire import Op, range_request, txn_request
+from tests import insides
 from tests.harness import eventually
 from tests.harness_etcd import AdminClient, EtcdHarness
 from tests.servers import free_port, scaled
@@ -657,8 +658,7 @@ async def test_a_lease_not_confirmed_within_the_lease_time_is_gone_and_a_new_one
     first_lock = locks.lock("first")
     first = await first_lock.acquire()
     old = backend(locks).lease_id
-    assert locks._keeper is not None
-    await locks._keeper.aclose()
+    await insides.stop_renewing(locks)
     await asyncio.sleep(max(0.0, first.expires_at - loop.time()) + scaled(0.05))
     second_lock = locks.lock("second")
     second = await second_lock.acquire(timeout=scaled(2))
@@ -767,7 +767,7 @@ async def test_the_whole_cluster_down_cancels_bodies_before_the_lease_ttl(etcd_c
                 pass
 
         tasks = [asyncio.create_task(hold(name)) for name in ("a", "b")]
-        await eventually(lambda: len(locks._keeper or ()) == 2, scaled(5), "both held")
+        await eventually(lambda: len(insides.core(locks).keeper or ()) == 2, scaled(5), "both held")
         await asyncio.sleep(TTL / 2)
         for server in etcd_cluster.servers.values():
             server.kill()
@@ -864,7 +864,7 @@ async def test_inspect_lists_and_describes_holders_and_waiters(harness: EtcdHarn
                 pass
 
         queued = asyncio.create_task(wait_in_line())
-        await eventually(lambda: bool(waiter._waits), scaled(5), "the waiter queued")
+        await eventually(lambda: bool(insides.queued(waiter)), scaled(5), "the waiter queued")
         async with asyncio.timeout(scaled(5)):
             while (await lock.info()).waiters != 1:
                 await asyncio.sleep(0.01)

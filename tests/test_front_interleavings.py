@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
+from tests import insides
 from tests.faults import hygiene
 from tests.harness import Harness
 from tests.servers import RedisServer, scaled
@@ -235,7 +236,7 @@ async def test_aclose_from_inside_a_held_body_still_closes_everything(harness: H
     with pytest.raises(LockLost):
         async with locks.lock("self-closed"):
             await locks.aclose()
-    assert locks._keeper is not None and locks._keeper._task is None
+    assert insides.keeper(locks)._task is None
     async with asyncio.timeout(10 * TTL), other.lock("self-closed"):
         pass
 
@@ -316,7 +317,7 @@ async def test_one_unexpected_renew_error_does_not_stop_the_watchdog(redis_serve
     retried like a failed renewal; it does not kill the one watchdog task
     (after which every lease of the client would silently go unrenewed)."""
     async with asynclock.connect(redis_server.url, ttl=TTL, prefix="keeper-survives") as locks:
-        backend = locks._backend  # what renews the plain lock's leases
+        backend = locks.backend  # what renews the plain lock's leases
         real_renew = backend.renew
         failures = 0
 
@@ -343,8 +344,7 @@ async def test_a_lease_past_its_deadline_is_not_held_and_not_reentered(harness: 
     locks = harness.connect(ttl=TTL)
     lock = locks.lock("stale")
     first = await lock.acquire()
-    assert locks._keeper is not None
-    await locks._keeper.aclose()
+    await insides.stop_renewing(locks)
     await asyncio.sleep(max(0.0, first.expires_at - asyncio.get_running_loop().time()) + 0.01)
     assert not lock.held
     with pytest.raises(LockLost):
@@ -386,7 +386,7 @@ async def test_the_watchdog_sleeps_through_acquires_and_releases_in_turn_and_sti
         lock = locks.lock("turns")
         await lock.acquire()
         await lock.release()
-        keeper = locks._keeper
+        keeper = insides.keeper(locks)
         assert keeper is not None
         wakes = 0
         set_event = keeper._changed.set

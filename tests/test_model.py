@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import asynclock
+from tests import insides
 from tests.harness import Harness, MemoryHarness, RedisHarness
 from tests.servers import RedisServer, scaled
 from tests.servers.postgres import PostgresServer
@@ -216,13 +217,7 @@ async def _held(lock: asynclock.Lock) -> bool:
 
 async def _crash(locks: asynclock.Locks) -> None:
     """Stop a client as a crash would: its watchdog and connections go, nothing is released."""
-    if locks._keeper is not None:
-        await locks._keeper.aclose()
-    for task in list(locks._background):
-        task.cancel()
-    await asyncio.gather(*locks._background, return_exceptions=True)
-    await locks.backend.aclose()
-    locks._closed = True
+    await insides.crash(locks)
 
 
 MODEL_SETTINGS = settings(

@@ -19,6 +19,7 @@ import pytest
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.backends.postgres import FLOOR, PARK_TIME, PostgresBackend, advisory_key
+from tests import insides
 from tests.harness_postgres import PostgresHarness, postgres_backend, tokens_from, unsigned
 from tests.servers import free_port, scaled
 from tests.servers.postgres import PostgresServer
@@ -763,9 +764,7 @@ async def test_idle_session_timeout_ends_a_hung_holders_session(pg: PostgresHarn
     # a ttl after its last statement, and the lock with it.
     locks = pg.connect(ttl=scaled(0.4))
     lease = await locks.lock("hung").acquire()
-    keeper = locks._keeper
-    assert keeper is not None
-    keeper.remove(lease)  # as if the watchdog stopped (a hung process)
+    insides.keeper(locks).remove(lease)  # as if the watchdog stopped (a hung process)
     assert await pg.holder_pid("hung") is not None
 
     async def freed() -> bool:

@@ -16,6 +16,7 @@ import pytest
 import asynclock
 from asynclock import LockLost, LockTimeout
 from asynclock.abc import RenewItem
+from tests import insides
 from tests.conftest import make_harness
 from tests.harness import Harness, eventually, handovers_dropped
 from tests.servers import scaled
@@ -198,7 +199,7 @@ def replace_renewals(
 ) -> None:
     """Make the renewals of the primitive ``kind`` go to ``renew`` (a broken or stuck
     server connection of that primitive); the others' go to the backend as before."""
-    backend = locks._backend
+    backend = locks.backend
     original = backend.renew
 
     async def routed(items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
@@ -626,8 +627,8 @@ async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queu
         return answer
 
     victim_lock = _shaped(cancelled, kind, "applied")
-    await cancelled._ensure_started()
-    backend: Any = cancelled._backend
+    await insides.start(cancelled)
+    backend: Any = cancelled.backend
     victim = backend._exclusive if kind == "fair" else backend._shared
     monkeypatch.setattr(queue, "enter", enter)
     task = asyncio.create_task(victim_lock.acquire())
@@ -660,14 +661,14 @@ async def test_one_stuck_hold_does_not_lose_the_other_holds_renewed_with_it(monk
         tasks = [asyncio.create_task(hold()) for _ in range(2)]
         await eventually(lambda: len(leases) >= 2, scaled(5), "2 holders")
         stuck_hold = leases[0]._hold
-        real = locks._backend.renew
+        real = locks.backend.renew
 
         async def renew(items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
             if any(item.hold == stuck_hold for item in items):
                 await asyncio.sleep(scaled(30))  # this hold's connection hangs
             return await real(items)
 
-        monkeypatch.setattr(locks._backend, "renew", renew)
+        monkeypatch.setattr(locks.backend, "renew", renew)
         await asyncio.wait_for(leases[0].wait_lost(), scaled(5))
         await asyncio.sleep(TTL)
         assert not leases[1].lost, leases[1].lost_reason

@@ -15,6 +15,7 @@ import pytest
 
 import asynclock
 from asynclock import LockError, LockTimeout
+from tests import insides
 from tests.conftest import make_harness
 from tests.harness import Harness
 from tests.servers import scaled
@@ -246,8 +247,7 @@ async def test_a_reader_that_stops_renewing_frees_the_writers_after_its_ttl(rw_h
     dead, alive, writer = (rw_harness.connect(ttl=TTL) for _ in range(3))
     await dead.rw_lock("gone").read.acquire()
     async with alive.rw_lock("gone").read:
-        assert dead._keeper is not None
-        await dead._keeper.aclose()  # the first reader "dies"; the second releases normally
+        await insides.stop_renewing(dead)  # the first reader "dies"; the second releases normally
     loop = asyncio.get_running_loop()
     start = loop.time()
     async with writer.rw_lock("gone").write:
@@ -303,8 +303,7 @@ async def test_a_dead_holders_permit_comes_back_after_its_ttl(sem_harness: Harne
     first = await dead.semaphore("leak", permits=2).acquire()
     other_task = asyncio.get_running_loop().create_task(_hold_in_task(dead, "leak"))
     second = await other_task
-    assert dead._keeper is not None
-    await dead._keeper.aclose()  # both holders "die"
+    await insides.stop_renewing(dead)  # both holders "die"
     loop = asyncio.get_running_loop()
     start = loop.time()
     sem = alive.semaphore("leak", permits=2)

@@ -30,6 +30,7 @@ from asynclock.backends.redis._pubsub import listening_connection
 from asynclock.backends.redis._renew import RENEW_CHUNK
 from asynclock.backends.redis._shared import QueuedResource
 from asynclock.backends.redis.sentinel import _Sentinels
+from tests import insides
 from tests.harness import eventually, redis_backend
 from tests.servers import RedisServer, free_port, scaled
 from tests.servers.proxy import TcpProxy
@@ -232,7 +233,7 @@ async def test_waiters_survive_a_server_restart(redis_fresh: RedisServer) -> Non
 
 async def test_only_one_local_waiter_is_woken_per_release(redis_server: RedisServer) -> None:
     async with asynclock.connect(redis_server.url, ttl=scaled(5), prefix="herd") as locks:
-        await locks._ensure_started()
+        await insides.start(locks)
         plain = redis_backend(locks)._exclusive  # what answers the plain lock's requests
         requests = 0
         original = plain.enter
@@ -262,11 +263,11 @@ async def test_watchdog_renews_many_leases_in_few_round_trips(redis_fresh: Redis
     count = 2000
     async with asynclock.connect(redis_fresh.url, ttl=ttl) as locks:
         leases = [await locks.lock(f"many-{i}").acquire() for i in range(count)]
-        assert locks._keeper is not None
+        keeper = insides.keeper(locks)
         await admin.config_resetstat()
-        trips_before = locks._keeper.round_trips
+        trips_before = keeper.round_trips
         await asyncio.sleep(ttl)  # three renewal periods
-        trips = locks._keeper.round_trips - trips_before
+        trips = keeper.round_trips - trips_before
         evals = await _commands(admin, "evalsha") + await _commands(admin, "eval")
         assert all(not lease.lost for lease in leases)
         assert trips <= 15, trips

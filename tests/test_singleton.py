@@ -23,6 +23,7 @@ import pytest
 
 import asynclock
 import asynclock.testing
+from tests import insides
 from tests.harness import MemoryHarness
 from tests.servers import scaled
 
@@ -163,9 +164,9 @@ async def test_a_client_closed_during_at_least_leaves_the_hold_until_at_least(me
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await tail() == "done"
-    assert locks._timers, "the release at at_least is due later"
+    assert insides.pending_timers(locks), "the release at at_least is due later"
     await locks.aclose()
-    assert not locks._timers
+    assert not insides.pending_timers(locks)
     again = other.singleton("tail", at_most=scaled(60))(tail.__wrapped__)  # type: ignore[attr-defined]
     while loop.time() - started < at_least * 0.9:
         assert not (await again.attempt()).ran, f"ran again {loop.time() - started:.2f}s after the start"

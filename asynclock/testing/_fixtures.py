@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from .._client import Locks
-from . import memory_client
+from ._clients import memory_client
 
 __all__ = ["locks"]
 

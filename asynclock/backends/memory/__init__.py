@@ -272,7 +272,7 @@ class MemoryBackend:
 
     def observe(self, ref: LockRef) -> LeaderWatch:
         """Every change of the election's leader, published by the table as it happens."""
-        return _MemoryLeaderWatch(self, self.lock_key(ref))
+        return _MemoryLeaderWatch(self._request, self.lock_key(ref))
 
     async def names(self) -> list[str]:
         """Names of the plain locks held under this client's prefix."""

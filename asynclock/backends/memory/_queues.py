@@ -8,13 +8,18 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..._values import Leader
 from ._table import _clock
 
-if TYPE_CHECKING:
-    from ._watch import _MemoryLeaderWatch
+
+class LeaderListener(Protocol):
+    """What the table tells of each change of an election's leader (a watch)."""
+
+    def push(self, leader: Leader | None, expires_at: float | None) -> None:
+        """Called under the table's mutex, from any thread."""
+
 
 #: A leader no watch was told of yet.
 _UNSEEN = object()
@@ -83,7 +88,7 @@ class _QueueTable:
         self._mutex = threading.Lock()
         self._resources: dict[str, _Resource] = {}
         self._tokens = itertools.count(1)
-        self._watches: dict[str, weakref.WeakSet[_MemoryLeaderWatch]] = {}
+        self._watches: dict[str, weakref.WeakSet[LeaderListener]] = {}
         self._published: dict[str, Leader | None] = {}
 
     def _resource(self, key: str, permits: int) -> _Resource:
@@ -130,9 +135,9 @@ class _QueueTable:
         if self._published.get(key, _UNSEEN) != leader:
             self._published[key] = leader
             for watch in list(self._watches.get(key, ())):
-                watch._push(leader, expires_at)
+                watch.push(leader, expires_at)
 
-    def watch(self, key: str, watch: _MemoryLeaderWatch) -> tuple[Leader | None, float | None]:
+    def watch(self, key: str, watch: LeaderListener) -> tuple[Leader | None, float | None]:
         """Tell ``watch`` every change of the leader of ``key`` from now on; the leader now."""
         with self._mutex:
             res = self._resources.get(key)
@@ -143,7 +148,7 @@ class _QueueTable:
             self._watches.setdefault(key, weakref.WeakSet()).add(watch)
             return leader, expires_at
 
-    def unwatch(self, key: str, watch: _MemoryLeaderWatch) -> None:
+    def unwatch(self, key: str, watch: LeaderListener) -> None:
         with self._mutex:
             watches = self._watches.get(key)
             if watches is not None:

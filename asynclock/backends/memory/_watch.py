@@ -5,13 +5,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from ..._values import Leader
 from ._queues import _QUEUES
-
-if TYPE_CHECKING:
-    from . import MemoryBackend
 
 __all__ = ["_MemoryLeaderWatch"]
 
@@ -19,8 +16,9 @@ __all__ = ["_MemoryLeaderWatch"]
 class _MemoryLeaderWatch:
     """The changes of one election's leader, as the table publishes them (each one, in order)."""
 
-    def __init__(self, backend: MemoryBackend, key: str) -> None:
-        self._backend = backend
+    def __init__(self, request: Callable[[], Awaitable[None]], key: str) -> None:
+        # the backend's request gate (its injected faults apply to a watch's reads too)
+        self._request = request
         self._key = key
         self._changes: collections.deque[tuple[Leader | None, float | None]] = collections.deque()
         self._expires_at: float | None = None
@@ -28,7 +26,7 @@ class _MemoryLeaderWatch:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
 
-    def _push(self, leader: Leader | None, expires_at: float | None) -> None:
+    def push(self, leader: Leader | None, expires_at: float | None) -> None:
         """Called by the table, under its mutex, from any thread."""
         self._changes.append((leader, expires_at))
         event, loop = self._event, self._loop
@@ -44,7 +42,7 @@ class _MemoryLeaderWatch:
             loop.call_soon_threadsafe(event.set)
 
     async def next(self) -> Leader | None:
-        await self._backend._request()
+        await self._request()
         if not self._watching:
             self._loop = asyncio.get_running_loop()
             self._event = asyncio.Event()

@@ -9,7 +9,7 @@ from typing import Any
 
 import asynclock
 
-__all__ = ["SCALE", "TTL", "Harness", "free_now", "has_tokens", "scaled"]
+__all__ = ["SCALE", "TTL", "Harness", "free_now", "has_tokens", "scaled", "stop_renewing"]
 
 #: Multiplies every ttl and time bound of the suite (``ASYNCLOCK_TEST_SCALE``).
 SCALE = float(os.environ.get("ASYNCLOCK_TEST_SCALE", "1"))
@@ -22,6 +22,14 @@ def scaled(seconds: float) -> float:
 
 #: The lease time of the suite's locks.
 TTL = scaled(0.6)
+
+
+async def stop_renewing(locks: asynclock.Locks) -> None:
+    """Make ``locks`` a holder that died, as far as its server can tell: its
+    watchdog stops, nothing is released, and nobody tells its leases."""
+    keeper = locks._core.keeper
+    assert keeper is not None, "the client has not been used yet"
+    await keeper.aclose()
 
 
 class Harness:

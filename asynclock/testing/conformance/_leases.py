@@ -16,7 +16,7 @@ import pytest
 import asynclock
 from asynclock import LockLost, LockTimeout, NotHeld
 
-from ._harness import TTL, Harness, free_now, has_tokens, scaled
+from ._harness import TTL, Harness, free_now, has_tokens, scaled, stop_renewing
 
 __all__ = ["Leases"]
 
@@ -73,8 +73,7 @@ class Leases:
         alive = harness.connect(ttl=TTL)
         lease = await dead.lock("crash").acquire()
         # the holder "dies": its watchdog stops and it never releases
-        assert dead._keeper is not None
-        await dead._keeper.aclose()
+        await stop_renewing(dead)
         loop = asyncio.get_running_loop()
         start = loop.time()
         async with alive.lock("crash") as taken:
@@ -100,8 +99,7 @@ class Leases:
         ended_at: list[float] = []
         with pytest.raises(LockLost):
             async with locks.lock("stall") as lease:
-                assert locks._keeper is not None
-                await locks._keeper.aclose()  # no more renewals, and nobody tells the lease
+                await stop_renewing(locks)  # no more renewals, and nobody tells the lease
                 try:
                     await asyncio.sleep(100)
                 finally:
