@@ -402,7 +402,7 @@ class ShardHandovers(Tickets):
 
     @property
     def listening(self) -> list[str]:
-        """The elections whose hand-over channel this client subscribes (or is subscribing)."""
+        """The elections whose hand-over channel this client subscribes, or is subscribing (for tests)."""
         return list(self._listening)
 
     async def listen(self, name: str, hold: str) -> None:
@@ -454,7 +454,7 @@ class ShardHandovers(Tickets):
         """Nothing to raise here: a refused subscription reaches the hold in :meth:`listen`."""
 
     async def aclose(self) -> None:
-        """End every subscription task (the listener's connections are closed with it)."""
+        """End every subscription task (the shard listener, closed next, closes its connections)."""
         self._routing.cancel()
         await self._routing.aclose(0)
         self._listening.clear()
