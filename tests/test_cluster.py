@@ -364,7 +364,7 @@ async def test_a_refusal_by_the_cluster_is_a_configuration_error(
                 async with asyncio.timeout(scaled(3)):
                     async with locks.election("refused").leadership():
                         pass
-            assert cluster_backend(locks)._listening == {}, "the refused candidate's subscription is let go"
+            assert cluster_backend(locks)._handovers.listening == [], "the refused candidate's subscription is let go"
         text = str(caught.value)
         assert f"127.0.0.1:{cluster.servers[0].port}" in text and words in text, text
         assert password not in text and password not in str(refused.value)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import platform
 import random
 from collections.abc import AsyncIterator
+from importlib import metadata
 from typing import Any
 
 import pytest
@@ -16,14 +19,20 @@ from redis import exceptions as redis_errors
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from asynclock.abc import LockRef
+from asynclock.abc import Acquired, LockRef, Queued, RenewItem
 from asynclock.backends.redis import RedisBackend
-from asynclock.backends.redis._connection import ms
+from asynclock.backends.redis._connection import Connection, ms
+from asynclock.backends.redis._exclusive import ExclusiveLock
 from asynclock.backends.redis._hash import HashLock
 from asynclock.backends.redis._listen import Subscribed
+from asynclock.backends.redis._private import FORCE_MASTER_IP, PRIVATE, READER, STREAM_BUFFER, WRITER
+from asynclock.backends.redis._pubsub import listening_connection
+from asynclock.backends.redis._renew import RENEW_CHUNK
+from asynclock.backends.redis._shared import QueuedResource
+from asynclock.backends.redis.sentinel import _Sentinels
 from tests import insides
 from tests.harness import eventually, redis_backend
-from tests.servers import RedisServer, scaled
+from tests.servers import RedisServer, free_port, scaled
 from tests.servers.proxy import TcpProxy
 from tests.test_primitives import queued
 
@@ -156,6 +165,31 @@ async def test_a_release_wakes_the_waiter_long_before_the_holders_ttl(redis_serv
         assert waiter.result().token is not None  # held by the finished task; aclose releases it
 
 
+async def test_a_queued_holds_poll_to_a_silent_server_fails_after_a_ttl(redis_fresh: RedisServer) -> None:
+    """A queued hold's poll (the queue client every queueing Redis backend shares) is bounded:
+    a server that stops answering fails it with BackendUnavailable after one ttl, naming the
+    server, instead of holding the waiter for as long as the connection stays up."""
+    ttl = scaled(0.5)
+    backend = RedisBackend.from_url(redis_fresh.url)
+    ref = LockRef("lock", "silent")
+    loop = asyncio.get_running_loop()
+    try:
+        assert isinstance(await backend.try_acquire(ref, "holder", 60.0, enqueue=False), Acquired)
+        assert isinstance(await backend.try_acquire(ref, "waiter", ttl, enqueue=True), Queued)
+        redis_fresh.pause()
+        started = loop.time()
+        try:
+            with pytest.raises(
+                BackendUnavailable, match=rf"^Redis at 127\.0\.0\.1:\d+ did not answer within {ttl:.3g} s$"
+            ):
+                await backend.wait_queued(ref, "waiter", ttl, loop.time())  # (due now: it polls at once)
+        finally:
+            redis_fresh.resume()
+        assert ttl <= loop.time() - started < ttl + scaled(1)
+    finally:
+        await backend.aclose()
+
+
 async def test_dropped_pubsub_connection_does_not_strand_waiters(
     redis_fresh: RedisServer, admin: aioredis.Redis
 ) -> None:
@@ -244,6 +278,70 @@ async def test_watchdog_renews_many_leases_in_few_round_trips(redis_fresh: Redis
             await locks.lock(f"many-{i}").release()
 
 
+async def _holds(connection: Connection, count: int, missing: set[int]) -> dict[str, list[RenewItem]]:
+    """``count`` holds of the hash lock, the exclusive lock and a semaphore (1 s each), but
+    for the indexes ``missing``, whose items name holds never taken; by kind."""
+    hashed = HashLock(connection, "chunks-h")
+    exclusive = ExclusiveLock(connection, "chunks-x", "chunks-channel")
+    shared = QueuedResource(connection, "chunks-s", "chunks-channel")
+    items: dict[str, list[RenewItem]] = {"hash": [], "exclusive": [], "semaphore": []}
+    for i in range(count):
+        lock, permit, hold = LockRef("lock", f"n{i}"), LockRef("semaphore", f"n{i}"), f"hold-{i}"
+        if i not in missing:
+            assert isinstance(await hashed.try_acquire(lock.name, hold, 1.0), Acquired)
+            assert (await exclusive.enter(lock, hold, 1.0, enqueue=False, fresh=True)).token is not None
+            assert (await shared.enter(permit, hold, 1.0, enqueue=False, fresh=True)).token is not None
+        items["hash"].append(RenewItem(lock, hold, 60.0))
+        items["exclusive"].append(RenewItem(lock, hold, 60.0))
+        items["semaphore"].append(RenewItem(permit, hold, 60.0))
+    return items
+
+
+async def test_a_renewal_past_one_chunk_answers_each_hold_in_its_place(
+    redis_fresh: RedisServer, admin: aioredis.Redis
+) -> None:
+    """Renewals go out in script calls of RENEW_CHUNK holds: on both sides of the boundary
+    each hold gets its own answer (one never taken, in either chunk, is False) and is
+    really renewed, for the hash lock, the exclusive lock and a queued resource."""
+    count = RENEW_CHUNK + 3
+    missing = {5, RENEW_CHUNK + 1}
+    client = aioredis.Redis.from_url(redis_fresh.url)
+    connection = Connection(client, where="Redis", connect_timeout=5.0, owns_client=True)
+    try:
+        items = await _holds(connection, count, missing)
+        expected = [i not in missing for i in range(count)]
+        assert await HashLock(connection, "chunks-h").renew(items["hash"]) == expected
+        assert await ExclusiveLock(connection, "chunks-x", "c").renew(items["exclusive"]) == expected
+        assert await QueuedResource(connection, "chunks-s", "c").renew(items["semaphore"]) == expected
+        for key in ("chunks-h:{n0}", f"chunks-h:{{n{count - 1}}}", "chunks-x:{n0}:x", f"chunks-x:{{n{count - 1}}}:x"):
+            assert await admin.pttl(key) > 30_000, key  # taken for 1 s, renewed for 60
+        left = await admin.zrange(f"chunks-s:{{n{count - 1}}}:sem", 0, -1, withscores=True)
+        [(_, expires_ms)] = left
+        [now_s, now_us] = await admin.time()
+        assert expires_ms - (now_s * 1000 + now_us // 1000) > 30_000
+    finally:
+        await connection.aclose()
+
+
+async def test_a_renewal_answered_readonly_holds_none_of_its_holds(
+    redis_fresh: RedisServer, admin: aioredis.Redis
+) -> None:
+    """A server that answers READONLY (a replica, or a primary demoted by a failover) holds
+    none of the holds it still has: each renewal answers False, not an error to retry."""
+    client = aioredis.Redis.from_url(redis_fresh.url)
+    connection = Connection(client, where="Redis", connect_timeout=5.0, owns_client=True)
+    try:
+        items = await _holds(connection, 3, set())
+        await admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary that never answers
+        assert await admin.exists("chunks-h:{n0}", "chunks-x:{n0}:x") == 2, "the holds are still there"
+        assert await HashLock(connection, "chunks-h").renew(items["hash"]) == [False] * 3
+        assert await ExclusiveLock(connection, "chunks-x", "c").renew(items["exclusive"]) == [False] * 3
+        assert await QueuedResource(connection, "chunks-s", "c").renew(items["semaphore"]) == [False] * 3
+    finally:
+        await admin.execute_command("REPLICAOF", "NO", "ONE")
+        await connection.aclose()
+
+
 async def test_cancellation_at_random_points_under_latency_leaves_no_key(redis_fresh: RedisServer) -> None:
     rng = random.Random(7)
     with TcpProxy("127.0.0.1", redis_fresh.port) as proxy:
@@ -330,6 +428,76 @@ def test_pexpire_argument_is_never_zero_or_negative() -> None:
     assert ms(1e-9) == 1
     assert ms(0.0015) == 2
     assert ms(30.0) == 30000
+
+
+def _resolve(dotted: str) -> Any:
+    """The module, class or attribute named by a dotted path."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ImportError(dotted)
+
+
+async def test_every_private_name_the_redis_backends_read_is_still_there(redis_server: RedisServer) -> None:
+    """Each entry of ``_private.PRIVATE`` exists in the installed redis-py and asyncio, on
+    the objects the code reads it from: a connection made as the pub/sub listener makes
+    its own, connected to a real server, and its stream reader. A release that moves one
+    fails here, naming the attribute, the file that reads it and the library's version."""
+    pool = aioredis.ConnectionPool.from_url(redis_server.url)
+    conn = listening_connection(pool.connection_class, pool.connection_kwargs)
+    await conn.connect()
+    try:
+        # the objects that instance attributes are read from (a class attribute is read from its owner)
+        instances: dict[str, Any] = {
+            "redis.asyncio.connection.AbstractConnection": conn,
+            "asyncio.StreamReader": getattr(conn, READER, None),
+            "redis.asyncio.sentinel.Sentinel": _Sentinels([("127.0.0.1", 1)], force_master_ip="192.0.2.1"),
+        }
+        gone: list[str] = []
+        for entry in PRIVATE:
+            owner = _resolve(entry.owner)
+            where = instances.get(entry.owner, owner)
+            version = platform.python_version() if entry.library == "python" else metadata.version(entry.library)
+            if where is None or (where is not owner and not isinstance(where, owner)):
+                gone.append(f"{entry.owner}: nothing to read {entry.attribute!r} from ({entry.library} {version})")
+            elif not hasattr(where, entry.attribute):
+                gone.append(
+                    f"{entry.owner}.{entry.attribute}, read in asynclock/backends/{entry.used_in},"
+                    f" is gone in {entry.library} {version}"
+                )
+        assert not gone, "private names moved:\n" + "\n".join(gone)
+        # and they hold what the code takes them for
+        reader, writer = getattr(conn, READER), getattr(conn, WRITER)
+        assert isinstance(reader, asyncio.StreamReader) and isinstance(writer, asyncio.StreamWriter)
+        assert isinstance(getattr(reader, STREAM_BUFFER), bytearray)
+        assert getattr(instances["redis.asyncio.sentinel.Sentinel"], FORCE_MASTER_IP) == "192.0.2.1"
+    finally:
+        await conn.disconnect()
+        await pool.aclose()
+
+
+async def test_the_edge_masks_a_secret_added_after_the_connection_was_made() -> None:
+    """The connection's error edge translates redis-py's errors (the original as the cause),
+    masking a password added later too (Sentinel adds the sentinels')."""
+    client = aioredis.Redis.from_url("redis://127.0.0.1:1/0")  # (no I/O here)
+    connection = Connection(client, where="Redis at here", connect_timeout=1.0, secrets=["first-Pa55"])
+    connection.add_secret("later-Pa55")
+    original = redis_errors.ResponseError("refused first-Pa55 and later-Pa55")
+    with pytest.raises(asynclock.LockError) as caught:
+        with connection.edge:
+            raise original
+    assert caught.value.__cause__ is original
+    assert str(caught.value) == "Redis at here: Redis error: refused *** and ***", str(caught.value)
+    with pytest.raises(BackendUnavailable, match=r"^Redis at here could not be reached: connection refused$"):
+        async with connection.edge:
+            raise redis_errors.ConnectionError("Error connecting to 127.0.0.1:1") from ConnectionRefusedError()
+    await client.aclose()
 
 
 async def test_timeout_while_busy_is_lock_timeout_not_unavailable(redis_server: RedisServer) -> None:

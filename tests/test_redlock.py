@@ -338,8 +338,9 @@ async def test_silently_dead_listener_connections_are_replaced_and_releases_arri
             await subscribed(1)
             listeners = backend.listeners
             arrived: list[bytes] = []
-            wake = backend._wake
-            assert wake is not None
+            releases = backend._releases
+            assert releases is not None
+            wake = releases.wake
             real = wake.released
             wake.released = lambda name, hold: (arrived.append(hold), real(name, hold))[1]  # type: ignore[method-assign]
             before = [listener.reconnects for listener in listeners]

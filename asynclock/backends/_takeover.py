@@ -15,7 +15,10 @@ import asyncio
 import contextlib
 from typing import Any
 
-__all__ = ["TakeOver"]
+__all__ = ["STREAM_BUFFER", "TakeOver"]
+
+#: Where an ``asyncio.StreamReader`` keeps the bytes it read ahead (not public API: see redis/_private.py).
+STREAM_BUFFER = "_buffer"
 
 
 class TakeOver(asyncio.Protocol):
@@ -36,7 +39,7 @@ class TakeOver(asyncio.Protocol):
         self._transport = transport
         self._previous = transport.get_protocol()
         transport.set_protocol(self)
-        leftover = bytes(getattr(reader, "_buffer", b"") or b"")
+        leftover = bytes(getattr(reader, STREAM_BUFFER, b"") or b"")
         if leftover:
             self.data_received(leftover)
 

@@ -21,7 +21,6 @@ of Cluster and Redlock), ``sentinel.py``, ``cluster.py`` and ``redlock.py``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import secrets
 from collections.abc import Sequence
@@ -33,7 +32,6 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import BackendUnavailable, ConfigurationError
 from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_text, take_query
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
@@ -41,7 +39,7 @@ from ._connection import Connection, address
 from ._election import Elections, RedisLeaderWatch, hold_of, server_hold
 from ._exclusive import ExclusiveLock
 from ._pubsub import PubSub
-from ._queue import Entered, Handovers, Waiting
+from ._queue import Handovers, QueueClient
 from ._shared import QueuedResource
 from ._urls import OWN_OPTIONS, check_options, check_replicas, connection_options, database, replica_options
 
@@ -96,10 +94,8 @@ class RedisBackend:
             ExclusiveLock(self.connection, prefix, self._handovers.channel, suffix="e", announces=True), self._pubsub
         )
         self._shared = QueuedResource(self.connection, prefix, self._handovers.channel)
-        # holds of this client that wait in a queue, until granted or released
-        self._waiting: dict[str, Waiting] = {}
-        # holds whose last request may have gone through unseen (failed, cut short)
-        self._unsure: set[str] = set()
+        # this client's side of every queue above: acquires, waits for a hand-over, polls, leaves
+        self._holds = QueueClient(self.connection, self._handovers)
 
     @classmethod
     def from_url(
@@ -206,13 +202,6 @@ class RedisBackend:
         """``hold`` as the scripts know it: a candidate's carries its identity."""
         return server_hold(hold, ref.identity) if ref.kind == "election" else hold
 
-    async def _enter(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool, entry: bytes) -> Entered:
-        """One acquire request to the queue that serves ``ref`` (``entry``: the hold's as last answered)."""
-        queue = self._queue(ref)
-        if isinstance(queue, ExclusiveLock):
-            return await queue.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh, entry=entry)
-        return await queue.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
-
     def lease_time(self, ttl: float) -> float:
         return ttl
 
@@ -221,75 +210,11 @@ class RedisBackend:
 
     async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
         self._pubsub.note_ttl(ttl)  # its health check keeps up with the locks it serves
-        hold = self._hold(ref, hold)
-        handovers = self._handovers
-        if enqueue:
-            # Subscribed, and the hand-over slot registered, before the request
-            # that may queue the hold: a hand-over can follow right after it.
-            await handovers.ready()
-            ticket = handovers.expect(hold)
-        fresh = hold not in self._unsure
-        sent = asyncio.get_running_loop().time()
-        try:
-            entered = await self._enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh, entry=b"")
-        except (ValueError, ConfigurationError):
-            handovers.forget(hold)  # refused: nothing changed on the server
-            raise
-        except BaseException:
-            self._unsure.add(hold)  # it may have gone through: a retry looks first
-            raise
-        if not fresh:
-            self._unsure.discard(hold)
-        if entered.token is not None:
-            if enqueue:
-                handovers.forget(hold)
-            return Acquired(entered.token)
-        if not enqueue:
-            return Busy(None)
-        waiting = self._waiting[hold] = Waiting(ref, ttl, ticket, sent, sent)
-        return Queued(waiting.queued(sent, entered))
+        return await self._holds.try_acquire(self._queue(ref), ref, self._hold(ref, hold), ttl, enqueue=enqueue)
 
     async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
-        """Until the hand-over message arrives or the loop time ``until``; then one poll.
-
-        The poll keeps the queue entry alive and finds a hand-over whose
-        message was lost; one also follows a reconnect of the pub/sub
-        connection (messages may have been missed meanwhile).
-        """
-        hold = self._hold(ref, hold)
-        waiting = self._waiting[hold]
-        ticket = waiting.ticket
-        loop = asyncio.get_running_loop()
-        await ticket.wait(waiting.poll_at if until is None else min(until, waiting.poll_at))
-        if ticket.token is not None and not self.connection.replicas:
-            queue = self._queue(ref)
-            if isinstance(queue, ExclusiveLock):
-                queue.held(ref, hold, ttl, ticket.token)
-            return self._granted(hold, Acquired(ticket.token, confirmed_at=waiting.queued_at))
-        # (With replicas, a hand-over by another client's release, which no
-        # replica has confirmed to us, is confirmed by this request of our own:
-        # it finds the hold ours, resets its expiry, and WAITs.)
-        if ticket.token is None:
-            self._pubsub.raise_failure()  # the hand-over channel was refused: no message can reach this hold
-        ticket.clear()
-        ticket.token = None
-        sent = waiting.poll_at = loop.time()  # (a poll that fails is repeated as soon as the front asks again)
-        # Bounded: a server that stops answering (no connection error) fails
-        # the poll after a ttl (the entry is gone by then anyway).
-        bound = ttl + self.connection.replica_timeout_ms / 1000 if self.connection.replicas else ttl
-        try:
-            async with asyncio.timeout(bound):
-                entered = await self._enter(ref, hold, ttl, enqueue=True, fresh=False, entry=waiting.entry)
-        except TimeoutError as exc:
-            raise BackendUnavailable(f"{self.connection.where} did not answer within {bound:.3g} s") from exc
-        if entered.token is not None:
-            return self._granted(hold, Acquired(entered.token, confirmed_at=sent))  # this request reset the expiry
-        return Queued(waiting.queued(sent, entered))
-
-    def _granted(self, hold: str, acquired: Acquired) -> Acquired:
-        del self._waiting[hold]
-        self._handovers.forget(hold)
-        return acquired
+        """Until the hand-over message arrives or the loop time ``until``; then one poll (``_queue.py``)."""
+        return await self._holds.wait_queued(self._queue(ref), ref, self._hold(ref, hold), ttl, until)
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
         return await self._queue(ref).set_count(ref, self._hold(ref, hold), count, ttl)
@@ -297,13 +222,7 @@ class RedisBackend:
     async def release(self, ref: LockRef, hold: str) -> bool:
         """Release ``hold``, or take it out of the queue (and give back a hand-over that raced in)."""
         hold = self._hold(ref, hold)
-        self._unsure.discard(hold)
-        waiting = self._waiting.pop(hold, None)
-        self._handovers.forget(hold)
-        queue = self._queue(ref)
-        if isinstance(queue, ExclusiveLock):
-            return await queue.release(ref, hold, waiting.entry if waiting is not None else b"")
-        return await queue.release(ref, hold)
+        return await self._queue(ref).release(ref, hold, self._holds.leave(ref, hold))
 
     async def renew(self, items: Sequence[RenewItem]) -> Sequence[bool | BaseException]:
         first = self._queue(items[0].ref) if items else self._exclusive
@@ -344,5 +263,5 @@ class RedisBackend:
 
     async def aclose(self) -> None:
         await self._pubsub.aclose()
-        self._waiting.clear()
+        self._holds.clear()
         await self.connection.aclose()

@@ -4,7 +4,8 @@
   TLS errors it wraps) become ``ConfigurationError`` (what no retry fixes),
   ``BackendUnavailable`` (unreachable, not answering, READONLY, loading) or
   ``LockError``, naming the server and never a password; the original is the
-  ``__cause__``. Every request goes through a :class:`Connection`'s ``edge``.
+  ``__cause__``. Every request goes through a :class:`Connection`'s ``edge``
+  (the backends' one error edge, ``backends/_edge.py``, with this table).
 * :class:`Script` is a Lua script read from this package's ``_scripts``
   directory; :meth:`Connection.run` calls it by its SHA and loads it again
   when the server answers NOSCRIPT (a flushed cache, a restarted or
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import math
 import socket
@@ -26,7 +28,6 @@ import ssl
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from types import TracebackType
 from typing import Any
 
 try:
@@ -37,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._errors import BackendUnavailable, ConfigurationError, LockError
 from ..._options import mask_text
+from .._edge import MapErrors, Translate
 from ._wire import Lanes, bulk, evalsha, unbulk
 
 __all__ = [
@@ -222,25 +224,6 @@ def translate(
     return exc
 
 
-class _Edge:
-    """``with connection.edge:`` raises the client's errors as asynclock's (the original as ``__cause__``)."""
-
-    __slots__ = ("_catch", "_connection")
-
-    def __init__(self, connection: Connection, catch: tuple[type[BaseException], ...]) -> None:
-        self._connection = connection
-        self._catch = catch
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is not None and isinstance(exc, self._catch):
-            raise self._connection.error(exc) from exc
-
-
 class Connection:
     """A redis-py client (a ``Redis`` or a ``RedisCluster``) as asynclock uses it.
 
@@ -267,23 +250,20 @@ class Connection:
         self.connect_timeout = connect_timeout
         self.replicas = replicas
         self.replica_timeout_ms = ms(replica_timeout)
-        self._secrets = list(secrets)
-        self._unavailable = unavailable
+        self._secrets = list(secrets)  # (add_secret extends this very list, which the edge masks)
         self._owns_client = owns_client
+        #: redis-py's error (or one it wraps) in, asynclock's out, naming this server, passwords masked.
+        self.error: Translate = functools.partial(
+            translate, where=where, connect_timeout=connect_timeout, secrets=self._secrets, unavailable=unavailable
+        )
         #: ``with connection.edge:`` around any call into redis-py.
-        self.edge = _Edge(self, (redis_errors.RedisError, OSError, *unavailable))
+        self.edge = MapErrors(self.error, (redis_errors.RedisError, OSError, *unavailable))
         # the hot path's own connections (one server's client only)
         self._lanes = Lanes(client.connection_pool) if isinstance(client, aioredis.Redis) else None
 
     def add_secret(self, secret: str | None) -> None:
         """Mask ``secret`` too (a password given to a part of the client made elsewhere)."""
         self._secrets.append(secret)
-
-    def error(self, exc: BaseException) -> BaseException:
-        """``exc`` (from redis-py) as asynclock's error, naming this server, passwords masked."""
-        return translate(
-            exc, self.where, connect_timeout=self.connect_timeout, secrets=self._secrets, unavailable=self._unavailable
-        )
 
     def describe(self, exc: BaseException) -> str:
         """``exc`` for a log line: passwords masked."""
@@ -381,12 +361,12 @@ class Connection:
                     replies[i] = answer
                 if wait:
                     replies[-1] = again[-1]
-        confirmed: int | None = None
-        if wait:
-            last = replies.pop()
-            if isinstance(last, BaseException):
-                raise self.error(last) from last
-            confirmed = int(last)
+            confirmed: int | None = None
+            if wait:
+                last = replies.pop()
+                if isinstance(last, BaseException):
+                    raise last
+                confirmed = int(last)
         for i, answer in enumerate(replies):
             if isinstance(answer, BaseException):
                 error = self.error(answer)

@@ -41,14 +41,13 @@ from typing import Any
 from ..._errors import BackendUnavailable, LockError
 from ..._values import LockInfo
 from ...abc import LockRef, RenewItem
-from ._connection import FENCE_LIFETIME_MS, Connection, Script, is_readonly, ms, text
+from ._connection import FENCE_LIFETIME_MS, Connection, Script, ms, text
 from ._queue import Entered
+from ._renew import chunks, renew_failed
 from ._wire import bulk
 
 __all__ = ["ExclusiveLock"]
 
-#: Holds renewed by one script call; the calls of one renewal go out in one write.
-RENEW_CHUNK = 1000
 #: How many locks' encoded keys are kept.
 KEY_CACHE = 4096
 
@@ -204,7 +203,7 @@ class ExclusiveLock:
         return bool(int(answer))
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        """Renew ``items``: one script call per ``RENEW_CHUNK`` holds, every call in one write.
+        """Renew ``items``: one script call per ``RENEW_CHUNK`` holds (``_renew.py``), every call in one write.
 
         Each answer is a string of ``1`` (renewed) and ``0`` (not the holder
         any more); with ``replicas``, a renewal they do not confirm is an
@@ -212,10 +211,10 @@ class ExclusiveLock:
         """
         connection = self._connection
         calls: list[tuple[list[bytes], list[bytes]]] = []
-        for start in range(0, len(items), RENEW_CHUNK):
+        for chunk in chunks(items):
             keys: list[bytes] = []
             args: list[bytes] = []
-            for item in items[start : start + RENEW_CHUNK]:
+            for item in chunk:
                 held = self._held.get(item.hold)
                 if held is None:  # (not granted through this client: encoded now)
                     held = _Held(b"", self._encoded(item.name)[0], (bulk(item.hold), bulk(ms(item.ttl))))
@@ -225,11 +224,11 @@ class ExclusiveLock:
         try:
             answers, confirmed = await connection.call_many(RENEW, calls, wait=bool(connection.replicas))
         except LockError as exc:
-            return [_renew_failed(exc)] * len(items)
+            return [renew_failed(exc)] * len(items)
         results: list[bool | BaseException] = []
         for (keys, _), answer in zip(calls, answers, strict=True):
             if isinstance(answer, BaseException):
-                results += [_renew_failed(answer)] * len(keys)
+                results += [renew_failed(answer)] * len(keys)
                 continue
             flags = answer if isinstance(answer, bytes) else str(answer).encode()
             if confirmed is not None and confirmed < connection.replicas:
@@ -271,9 +270,3 @@ class ExclusiveLock:
                 values: list[Any] = await connection.client.mget(chunk)
             found += [key[start:-end] for key, value in zip(chunk, values, strict=True) if " " in (text(value) or "")]
         return found
-
-
-def _renew_failed(exc: BaseException) -> bool | BaseException:
-    """A renewal's error as its result: a READONLY server (a demoted primary) holds none of them."""
-    cause = exc.__cause__
-    return False if isinstance(exc, BackendUnavailable) and cause is not None and is_readonly(cause) else exc

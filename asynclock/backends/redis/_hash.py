@@ -22,15 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..._errors import BackendUnavailable, LockError
 from ..._values import LockInfo
 from ...abc import Acquired, Busy, RenewItem
-from ._connection import FENCE_LIFETIME_MS, Connection, Script, is_readonly, ms, text
+from ._connection import FENCE_LIFETIME_MS, Connection, Script, ms, text
+from ._renew import renew_in_chunks
 
-__all__ = ["RENEW_CHUNK", "HashLock"]
-
-#: Holds renewed by one script call.
-RENEW_CHUNK = 1000
+__all__ = ["HashLock"]
 
 ACQUIRE = Script.load("hash_acquire.lua")
 SET_COUNT = Script.load("hash_set_count.lua")
@@ -72,24 +69,14 @@ class HashLock:
         return bool(await self.connection.run(self._release, (self.key(name), self.channel(name)), (hold,)))
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        """Renew ``items`` in script calls of ``RENEW_CHUNK`` holds; a READONLY server holds none of them."""
-        results: list[bool | BaseException] = []
-        for start in range(0, len(items), RENEW_CHUNK):
-            chunk = items[start : start + RENEW_CHUNK]
-            keys = [self.key(item.name) for item in chunk]
-            args: list[str | int] = []
-            for item in chunk:
-                args += [item.hold, ms(item.ttl)]
-            try:
-                answer = await self.connection.run(RENEW, keys, args)
-            except LockError as exc:
-                # A demoted primary: whatever it holds is not the lock any more.
-                cause = exc.__cause__
-                readonly = isinstance(exc, BackendUnavailable) and cause is not None and is_readonly(cause)
-                results += [False if readonly else exc] * len(chunk)
-                continue
-            results += [bool(flag) for flag in answer]
-        return results
+        """Renew ``items`` in script calls of ``RENEW_CHUNK`` holds (``_renew.py``)."""
+        return await renew_in_chunks(self.connection, RENEW, items, self._renewal)
+
+    def _renewal(self, chunk: Sequence[RenewItem]) -> tuple[list[str], list[str | int]]:
+        args: list[str | int] = []
+        for item in chunk:
+            args += [item.hold, ms(item.ttl)]
+        return [self.key(item.name) for item in chunk], args
 
     async def info(self, name: str) -> LockInfo:
         owner, count, token, pttl = await self.connection.run(INFO, (self.key(name),), ())

@@ -27,6 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
 from .._takeover import TakeOver
+from ._private import READER, WRITER
 
 __all__ = ["Subscribed", "parse_reply"]
 
@@ -109,8 +110,8 @@ class Subscribed(TakeOver):
     @classmethod
     def attach(cls, conn: Any, on_reply: OnReply) -> Subscribed:
         """Read ``conn`` (a redis-py asyncio connection, connected) with a new ``Subscribed``."""
-        writer = getattr(conn, "_writer", None)
-        reader = getattr(conn, "_reader", None)
+        writer = getattr(conn, WRITER, None)
+        reader = getattr(conn, READER, None)
         if writer is None:
             raise redis_errors.ConnectionError("the pub/sub connection is not connected")
         self = cls(on_reply)

@@ -7,6 +7,10 @@ subscriptions (or the connection drops); the listener then asks the cluster
 where the slot lives now, subscribes there, and wakes every local waiter
 once it is back, because a release may have gone by unseen meanwhile.
 
+A Cluster client's hand-overs of elections come on shard channels too, one
+per election in whose line one of its candidates waits
+(:class:`ShardHandovers`).
+
 Besides the locks' release channels (``subscribe(name)``: a message wakes
 the waiters of that lock), a listener routes any shard channel to callbacks
 (``route``, as ``_pubsub.PubSub`` does on one server): an election's
@@ -32,6 +36,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..._errors import BackendUnavailable, ConfigurationError
 from ..._timing import RETRY_FIRST
 from ...abc import BackendHooks
+from .._background import Background
 from ._connection import Connection
 from ._listen import Subscribed
 from ._pubsub import (
@@ -43,8 +48,9 @@ from ._pubsub import (
     health_interval,
     listening_connection,
 )
+from ._queue import Tickets
 
-__all__ = ["UNAVAILABLE", "ShardListener"]
+__all__ = ["UNAVAILABLE", "ShardHandovers", "ShardListener"]
 
 logger = logging.getLogger("asynclock")
 
@@ -369,3 +375,86 @@ class Shard:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+class _Listening:
+    """This client's hand-over channel of one election: the holds in its line, and the subscription."""
+
+    __slots__ = ("holds", "task")
+
+    def __init__(self) -> None:
+        self.holds: set[str] = set()
+        self.task: asyncio.Task[None] | None = None
+
+
+class ShardHandovers(Tickets):
+    """This client's hand-over channels on a Cluster: per election, a shard channel in its slot
+    (``channel_of(name)``), subscribed while one of this client's candidates waits in its line."""
+
+    def __init__(self, connection: Connection, channel_of: Callable[[str], str]) -> None:
+        super().__init__()
+        #: The backend's shard listener: None before it starts and once it is closed.
+        self.shards: ShardListener | None = None
+        self._connection = connection
+        self._channel_of = channel_of
+        self._listening: dict[str, _Listening] = {}
+        self._routing = Background()
+
+    @property
+    def listening(self) -> list[str]:
+        """The elections whose hand-over channel this client subscribes, or is subscribing (for tests)."""
+        return list(self._listening)
+
+    async def listen(self, name: str, hold: str) -> None:
+        """``hold`` may be handed the election ``name``: its hand-over channel is subscribed
+        (once for all this client's holds in that line; a failed subscription is tried again).
+
+        Raises BackendUnavailable if the backend is closed, and the
+        subscription's error (ConfigurationError for a refusal) otherwise;
+        ``hold`` is not registered then.
+        """
+        try:
+            await self._subscribe(name, hold)
+        except BaseException:
+            self.done(name, hold)  # (no request was made for it)
+            raise
+
+    async def _subscribe(self, name: str, hold: str) -> None:
+        listening = self._listening.get(name)
+        if listening is None:
+            listening = self._listening[name] = _Listening()
+        listening.holds.add(hold)
+        task = listening.task
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            shards = self.shards
+            if shards is None:  # closed meanwhile (or never started)
+                raise BackendUnavailable("the Redis Cluster backend is closed")
+            # (its error reaches each hold that awaits it; the registry retrieves it if none is left to)
+            task = listening.task = self._routing.spawn(shards.route(self._channel_of(name), self.handle, self.resync))
+            task.set_name("asynclock-cluster-route")
+        with self._connection.edge:
+            await asyncio.shield(task)
+
+    def done(self, name: str, hold: str) -> None:
+        """``hold`` waits in the line of ``name`` no more; the last one of this client's there
+        ends the subscription to its hand-over channel (no I/O: the connection drops its messages)."""
+        self.forget(hold)
+        listening = self._listening.get(name)
+        if listening is None:
+            return
+        listening.holds.discard(hold)
+        if not listening.holds:
+            del self._listening[name]
+            if listening.task is not None and not listening.task.done():
+                listening.task.cancel()
+            if self.shards is not None:
+                self.shards.forget(self._channel_of(name))
+
+    def raise_failure(self) -> None:
+        """Nothing to raise here: a refused subscription reaches the hold in :meth:`listen`."""
+
+    async def aclose(self) -> None:
+        """End every subscription task (the shard listener, closed next, closes its connections)."""
+        self._routing.cancel()
+        await self._routing.aclose(0)
+        self._listening.clear()

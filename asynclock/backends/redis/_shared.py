@@ -43,16 +43,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..._errors import BackendUnavailable, LockError
 from ..._values import LockInfo
 from ...abc import LockRef, RenewItem
-from ._connection import FENCE_LIFETIME_MS, Connection, Script, is_readonly, ms, text
+from ._connection import FENCE_LIFETIME_MS, Connection, Script, ms, text
 from ._queue import Entered
+from ._renew import renew_in_chunks
 
 __all__ = ["QueuedResource"]
 
-#: Holds renewed by one script call (two keys each).
-RENEW_CHUNK = 1000
 #: Request mode and key family of each kind (both sides of a read-write lock are one resource).
 MODES = {"write": "x", "read": "r", "semaphore": "s"}
 FAMILIES = {"write": "rw", "read": "rw", "semaphore": "sem"}
@@ -84,11 +82,14 @@ class QueuedResource:
         base = self.key(ref)
         return [base, f"{base}:data", f"{base}:queue", f"{base}:waiting", f"{base}:fence"]
 
-    async def enter(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool) -> Entered:
+    async def enter(
+        self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool, fresh: bool, entry: bytes = b""
+    ) -> Entered:
         """One acquire request: take it, re-enter it, or (``enqueue``) queue or poll.
 
         ``fresh``: the first request of ``hold`` (it cannot hold or be queued
-        yet), which skips the look-ups that make retries idempotent. Raises
+        yet), which skips the look-ups that make retries idempotent. (The
+        queue finds a hold's entry by its id: ``entry`` is not needed.) Raises
         ValueError (nothing changed) for a semaphore whose users ask for
         another number of permits.
         """
@@ -104,7 +105,10 @@ class QueuedResource:
             )
         return Entered(None, int(answer[1]) / 1000 if int(answer[2]) == 1 else None)
 
-    async def release(self, ref: LockRef, hold: str) -> bool:
+    def held(self, ref: LockRef, hold: str, ttl: float, token: int) -> None:
+        """``hold`` was handed the resource (nothing to keep: its requests name it by its id)."""
+
+    async def release(self, ref: LockRef, hold: str, entry: bytes = b"") -> bool:
         """Give up ``hold`` or take it out of the queue; what it frees goes to the head of the queue."""
         answer = await self._connection.run(RELEASE, self._keys(ref), (hold, ref.permits, FENCE_LIFETIME_MS))
         return int(answer[0]) == 1
@@ -113,27 +117,17 @@ class QueuedResource:
         return bool(await self._connection.run(SET_COUNT, self._keys(ref), (hold, count, ms(ttl))))
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool | BaseException]:
-        """Renew ``items`` in script calls of ``RENEW_CHUNK`` holds."""
-        connection = self._connection
-        results: list[bool | BaseException] = []
-        for start in range(0, len(items), RENEW_CHUNK):
-            chunk = items[start : start + RENEW_CHUNK]
-            keys: list[str] = []
-            args: list[str | int] = []
-            for item in chunk:
-                base = self.key(item.ref)
-                keys += [base, f"{base}:data"]
-                args += [item.hold, ms(item.ttl)]
-            try:
-                answer = await connection.run(RENEW, keys, args)
-            except LockError as exc:
-                # A demoted primary: whatever it holds is not the lock any more.
-                cause = exc.__cause__
-                readonly = isinstance(exc, BackendUnavailable) and cause is not None and is_readonly(cause)
-                results += [False if readonly else exc] * len(chunk)
-                continue
-            results += [bool(flag) for flag in answer]
-        return results
+        """Renew ``items`` in script calls of ``RENEW_CHUNK`` holds (``_renew.py``)."""
+        return await renew_in_chunks(self._connection, RENEW, items, self._renewal)
+
+    def _renewal(self, chunk: Sequence[RenewItem]) -> tuple[list[str], list[str | int]]:
+        keys: list[str] = []
+        args: list[str | int] = []
+        for item in chunk:
+            base = self.key(item.ref)
+            keys += [base, f"{base}:data"]
+            args += [item.hold, ms(item.ttl)]
+        return keys, args
 
     async def info(self, ref: LockRef) -> LockInfo:
         found, waiting = await self._connection.run(INFO, self._keys(ref), ())

@@ -44,7 +44,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import BackendUnavailable, ConfigurationError
+from ..._errors import BackendUnavailable
 from ..._options import DEFAULT_CONNECT_TIMEOUT, credentials, host_list, mask_text, mask_url
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
@@ -52,8 +52,8 @@ from ._connection import Connection
 from ._election import Elections, RedisLeaderWatch, hold_of, server_hold
 from ._exclusive import ExclusiveLock
 from ._hash import HashLock
-from ._queue import Tickets, Waiting
-from ._shards import UNAVAILABLE, ShardListener
+from ._queue import QueueClient
+from ._shards import UNAVAILABLE, ShardHandovers, ShardListener
 from ._urls import accepted, check_options, database, url_value
 
 __all__ = ["ClusterBackend"]
@@ -99,16 +99,6 @@ class _AnyPrimaryParser(AsyncCommandsParser):
         raise failure or redis_errors.ConnectionError("no primary answered COMMAND")
 
 
-class _Listening:
-    """This client's hand-over channel of one election: the holds in its line, and the subscription."""
-
-    __slots__ = ("holds", "task")
-
-    def __init__(self) -> None:
-        self.holds: set[str] = set()
-        self.task: asyncio.Task[None] | None = None
-
-
 class ClusterBackend:
     """Locks and leader elections on a Redis Cluster.
 
@@ -147,11 +137,9 @@ class ClusterBackend:
             self.connection, prefix, secrets.token_hex(8), suffix="e", announces=True, sharded=True
         )
         self._elections: Elections | None = None
-        self._tickets = Tickets()
-        self._listening: dict[str, _Listening] = {}
-        self._waiting: dict[str, Waiting] = {}
-        # holds whose last request may have gone through unseen (failed, cut short)
-        self._unsure: set[str] = set()
+        # this client's side of the elections' lines: acquires, waits for a hand-over, polls, leaves
+        self._handovers = ShardHandovers(self.connection, self._line.handover_channel)
+        self._candidates = QueueClient(self.connection, self._handovers)
 
     @classmethod
     def from_url(
@@ -242,13 +230,8 @@ class ClusterBackend:
         return ttl
 
     async def start(self, hooks: BackendHooks) -> None:
-        self._shards = ShardListener(self.connection, hooks, self._hash.channel)
+        self._shards = self._handovers.shards = ShardListener(self.connection, hooks, self._hash.channel)
         self._elections = Elections(self._line, self._shards)
-
-    def _listener(self) -> ShardListener:
-        if self._shards is None:  # closed meanwhile (or never started)
-            raise BackendUnavailable("the Redis Cluster backend is closed")
-        return self._shards
 
     async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
         """The plain lock: take it or re-enter it; Busy (with the holder's remaining lease) if
@@ -256,101 +239,14 @@ class ClusterBackend:
         if self._shards is not None:
             self._shards.note_ttl(ttl)
         if ref.kind == "election":
-            return await self._stand(ref, server_hold(hold, ref.identity), ttl, enqueue=enqueue)
+            hold = server_hold(hold, ref.identity)
+            return await self._candidates.try_acquire(self._line, ref, hold, ttl, enqueue=enqueue)
         return await self._hash.try_acquire(ref.name, hold, ttl)
-
-    async def _stand(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy | Queued:
-        if enqueue:
-            # Subscribed to this election's hand-over channel, and the hand-over
-            # slot registered, before the request that may queue the hold.
-            try:
-                await self._listen(ref.name, hold)
-            except BaseException:
-                self._done(ref.name, hold)  # (no request was made for it)
-                raise
-            ticket = self._tickets.expect(hold)
-        fresh = hold not in self._unsure
-        sent = asyncio.get_running_loop().time()
-        try:
-            entered = await self._line.enter(ref, hold, ttl, enqueue=enqueue, fresh=fresh)
-        except (ValueError, ConfigurationError):
-            self._done(ref.name, hold)  # refused: nothing changed on the server
-            raise
-        except BaseException:
-            self._unsure.add(hold)  # it may have gone through: a retry looks first
-            raise
-        if not fresh:
-            self._unsure.discard(hold)
-        if entered.token is not None:
-            self._done(ref.name, hold)
-            return Acquired(entered.token)
-        if not enqueue:
-            return Busy(None)
-        waiting = self._waiting[hold] = Waiting(ref, ttl, ticket, sent, sent)
-        return Queued(waiting.queued(sent, entered))
-
-    async def _listen(self, name: str, hold: str) -> None:
-        """``hold`` may be handed the election ``name``: its hand-over channel is subscribed
-        (once for all this client's holds in that line; a failed subscription is tried again)."""
-        listening = self._listening.get(name)
-        if listening is None:
-            listening = self._listening[name] = _Listening()
-        listening.holds.add(hold)
-        task = listening.task
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            shards = self._listener()
-            channel = self._line.handover_channel(name)
-            task = listening.task = asyncio.get_running_loop().create_task(
-                shards.route(channel, self._tickets.handle, self._tickets.resync), name="asynclock-cluster-route"
-            )
-            # (its error reaches each hold that awaits it; none may be left to do so)
-            task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        with self.connection.edge:
-            await asyncio.shield(task)
-
-    def _done(self, name: str, hold: str) -> None:
-        """``hold`` waits in the line of ``name`` no more; the last one of this client's there
-        ends the subscription to its hand-over channel (no I/O: the connection drops its messages)."""
-        self._tickets.forget(hold)
-        listening = self._listening.get(name)
-        if listening is None:
-            return
-        listening.holds.discard(hold)
-        if not listening.holds:
-            del self._listening[name]
-            if listening.task is not None and not listening.task.done():
-                listening.task.cancel()
-            if self._shards is not None:
-                self._shards.forget(self._line.handover_channel(name))
 
     async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
         """A candidate in line: until its hand-over message arrives or the loop time ``until``;
-        then one poll (it keeps the line's entry alive, and finds a hand-over whose message was
-        lost, as after each resubscription of the hand-over channel)."""
-        hold = server_hold(hold, ref.identity)
-        waiting = self._waiting[hold]
-        ticket = waiting.ticket
-        loop = asyncio.get_running_loop()
-        await ticket.wait(waiting.poll_at if until is None else min(until, waiting.poll_at))
-        if ticket.token is not None:
-            self._line.held(ref, hold, ttl, ticket.token)
-            return self._granted(ref, hold, Acquired(ticket.token, confirmed_at=waiting.queued_at))
-        ticket.clear()
-        sent = waiting.poll_at = loop.time()  # (a poll that fails is repeated as soon as the front asks again)
-        # Bounded: a node that stops answering fails the poll after a ttl (the entry is gone by then anyway).
-        try:
-            async with asyncio.timeout(ttl):
-                entered = await self._line.enter(ref, hold, ttl, enqueue=True, fresh=False, entry=waiting.entry)
-        except TimeoutError as exc:
-            raise BackendUnavailable(f"{self.connection.where} did not answer within {ttl:.3g} s") from exc
-        if entered.token is not None:
-            return self._granted(ref, hold, Acquired(entered.token, confirmed_at=sent))  # this request reset the expiry
-        return Queued(waiting.queued(sent, entered))
-
-    def _granted(self, ref: LockRef, hold: str, acquired: Acquired) -> Acquired:
-        del self._waiting[hold]
-        self._done(ref.name, hold)
-        return acquired
+        then one poll (``_queue.py``)."""
+        return await self._candidates.wait_queued(self._line, ref, server_hold(hold, ref.identity), ttl, until)
 
     async def set_count(self, ref: LockRef, hold: str, count: int, ttl: float) -> bool:
         if ref.kind == "election":
@@ -362,10 +258,7 @@ class ClusterBackend:
         if ref.kind != "election":
             return await self._hash.release(ref.name, hold)
         hold = server_hold(hold, ref.identity)
-        self._unsure.discard(hold)
-        waiting = self._waiting.pop(hold, None)
-        self._done(ref.name, hold)
-        return await self._line.release(ref, hold, waiting.entry if waiting is not None else b"")
+        return await self._line.release(ref, hold, self._candidates.leave(ref, hold))
 
     async def info(self, ref: LockRef) -> LockInfo:
         if ref.kind != "election":
@@ -434,13 +327,9 @@ class ClusterBackend:
             await self._shards.unsubscribe(name)
 
     async def aclose(self) -> None:
-        routing = [listening.task for listening in self._listening.values() if listening.task is not None]
-        for task in routing:
-            task.cancel()
-        await asyncio.gather(*routing, return_exceptions=True)
-        self._listening.clear()
-        self._waiting.clear()
+        await self._handovers.aclose()
+        self._candidates.clear()
         if self._shards is not None:
             await self._shards.aclose()
-            self._shards = None
+            self._shards = self._handovers.shards = None
         await self.connection.aclose()

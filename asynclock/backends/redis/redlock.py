@@ -118,10 +118,7 @@ class RedlockBackend:
         self._nodes = [HashLock(_node_connection(client, connect_timeout, owns_clients), prefix) for client in clients]
         self._node_timeout = node_timeout
         self._quorum = quorum(len(clients))
-        #: Each node's pub/sub connection (for tests), made by ``start``.
-        self.listeners: list[PubSub] = []
-        self._wake: _DelayedWake | None = None
-        self._wakes: set[asyncio.TimerHandle] = set()
+        self._releases: _Releases | None = None  # made by ``start``
         self._ttl_hint = 5.0
 
     @classmethod
@@ -171,6 +168,11 @@ class RedlockBackend:
     @property
     def quorum(self) -> int:
         return self._quorum
+
+    @property
+    def listeners(self) -> list[PubSub]:
+        """Each node's pub/sub connection (for tests): none before ``start`` and after ``aclose``."""
+        return [] if self._releases is None else self._releases.listeners
 
     def node_timeout(self, ttl: float) -> float:
         """How long one request to one node may take for a lock of ``ttl`` seconds."""
@@ -229,8 +231,7 @@ class RedlockBackend:
         return ttl
 
     async def start(self, hooks: BackendHooks) -> None:
-        self._wake = _DelayedWake(hooks, self._wakes)
-        self.listeners = [PubSub(node.connection) for node in self._nodes]
+        self._releases = _Releases(self._nodes, self._quorum, hooks)
 
     async def try_acquire(self, ref: LockRef, hold: str, ttl: float, *, enqueue: bool) -> Acquired | Busy:
         """Ask every node; Acquired(None) if a majority said yes in time, else give back and Busy."""
@@ -285,46 +286,14 @@ class RedlockBackend:
 
     async def subscribe(self, name: str) -> None:
         """Listen on every node's release channel of ``name``; ConfigurationError if no majority can."""
-        wake = self._wake
-        if wake is None:  # closed (or not started): no notifications to wait for
+        releases = self._releases
+        if releases is None:  # closed (or not started): no notifications to wait for
             raise BackendUnavailable("the Redlock backend is closed")
-        timeout = self.node_timeout(self._longest_ttl())
-
-        def released(payload: bytes) -> None:
-            wake.released(name, payload)
-
-        async def one(node: HashLock, listener: PubSub) -> None:
-            # A node that is down or stalled subscribes (and wakes everyone)
-            # when it comes back; meanwhile the others' messages and the
-            # holder's lease bound the wait.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await listener.route(node.channel(name), released, wake.wake_all, wait_connect=True)
-
-        answers = await asyncio.gather(
-            *(one(node, listener) for node, listener in zip(self._nodes, self.listeners, strict=True)),
-            return_exceptions=True,
-        )
-        refused = [answer for answer in answers if isinstance(answer, ConfigurationError)]
-        if len(refused) > len(self._nodes) - self._quorum:
-            raise refused[0]  # no majority can tell this client of a release
-        for answer in answers:
-            if isinstance(answer, BaseException) and not isinstance(answer, LockError):
-                raise answer
-            if isinstance(answer, ConfigurationError):
-                logger.warning("a Redlock node refused this client: %s", answer)
+        await releases.subscribe(name, self.node_timeout(self._longest_ttl()))
 
     async def unsubscribe(self, name: str) -> None:
-        if not self.listeners:  # closed: nothing listens any more
-            return
-        timeout = self.node_timeout(self._longest_ttl())
-
-        async def one(node: HashLock, listener: PubSub) -> None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await listener.unroute(node.channel(name))
-
-        await asyncio.gather(*(one(node, listener) for node, listener in zip(self._nodes, self.listeners, strict=True)))
+        if self._releases is not None:  # (closed: nothing listens any more)
+            await self._releases.unsubscribe(name, self.node_timeout(self._longest_ttl()))
 
     async def info(self, ref: LockRef) -> LockInfo:
         name = ref.name
@@ -364,12 +333,9 @@ class RedlockBackend:
         return sorted(found)
 
     async def aclose(self) -> None:
-        for handle in self._wakes:
-            handle.cancel()
-        self._wakes.clear()
-        self._wake = None
-        listeners, self.listeners = self.listeners, []
-        await asyncio.gather(*(listener.aclose() for listener in listeners), return_exceptions=True)
+        releases, self._releases = self._releases, None
+        if releases is not None:
+            await releases.aclose()
         await asyncio.gather(*(node.connection.aclose() for node in self._nodes), return_exceptions=True)
 
     def _longest_ttl(self) -> float:
@@ -426,9 +392,9 @@ class _DelayedWake:
     try again at the same instant.
     """
 
-    def __init__(self, hooks: BackendHooks, handles: set[asyncio.TimerHandle]) -> None:
+    def __init__(self, hooks: BackendHooks) -> None:
         self._hooks = hooks
-        self._handles = handles
+        self._handles: set[asyncio.TimerHandle] = set()
         self._seen: dict[tuple[str, bytes], float] = {}
 
     def released(self, name: str, hold: bytes) -> None:
@@ -451,3 +417,64 @@ class _DelayedWake:
     def wake_all(self) -> None:
         """A node's channel was subscribed again (or refused): releases may have been missed."""
         self._hooks.wake_all()
+
+    def cancel(self) -> None:
+        """No wake that is still to come comes (the backend is closing)."""
+        for handle in self._handles:
+            handle.cancel()
+        self._handles.clear()
+
+
+class _Releases:
+    """Releases on every node, as this client hears them: one pub/sub connection per node
+    (``listeners``), and one local wake per release (``wake``)."""
+
+    def __init__(self, nodes: Sequence[HashLock], quorum: int, hooks: BackendHooks) -> None:
+        self._nodes = nodes
+        self._quorum = quorum
+        self.listeners = [PubSub(node.connection) for node in nodes]
+        self.wake = _DelayedWake(hooks)
+
+    async def subscribe(self, name: str, timeout: float) -> None:
+        """Listen on every node's release channel of ``name`` (each node's subscription bounded
+        by ``timeout``); ConfigurationError if so many nodes refuse that no majority can tell
+        this client of a release."""
+        wake = self.wake
+
+        def released(payload: bytes) -> None:
+            wake.released(name, payload)
+
+        async def one(node: HashLock, listener: PubSub) -> None:
+            # A node that is down or stalled subscribes (and wakes everyone)
+            # when it comes back; meanwhile the others' messages and the
+            # holder's lease bound the wait.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await listener.route(node.channel(name), released, wake.wake_all, wait_connect=True)
+
+        answers = await asyncio.gather(
+            *(one(node, listener) for node, listener in zip(self._nodes, self.listeners, strict=True)),
+            return_exceptions=True,
+        )
+        refused = [answer for answer in answers if isinstance(answer, ConfigurationError)]
+        if len(refused) > len(self._nodes) - self._quorum:
+            raise refused[0]  # no majority can tell this client of a release
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, LockError):
+                raise answer
+            if isinstance(answer, ConfigurationError):
+                logger.warning("a Redlock node refused this client: %s", answer)
+
+    async def unsubscribe(self, name: str, timeout: float) -> None:
+        """Stop listening on every node's release channel of ``name`` (each bounded by ``timeout``)."""
+
+        async def one(node: HashLock, listener: PubSub) -> None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await listener.unroute(node.channel(name))
+
+        await asyncio.gather(*(one(node, listener) for node, listener in zip(self._nodes, self.listeners, strict=True)))
+
+    async def aclose(self) -> None:
+        self.wake.cancel()
+        await asyncio.gather(*(listener.aclose() for listener in self.listeners), return_exceptions=True)

@@ -44,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..._options import DEFAULT_CONNECT_TIMEOUT, credentials, host_list, mask_url, take_query
 from . import RedisBackend
 from ._connection import refusal, tag, unreachable
+from ._private import FORCE_MASTER_IP
 from ._urls import OWN_OPTIONS, accepted, check_options, database, replica_options, url_value
 
 __all__ = ["SentinelBackend"]
@@ -103,7 +104,7 @@ class _Sentinels(Sentinel):
             if state and self.check_master_state(state, service_name):
                 # the sentinel that knew is asked first next time
                 self.sentinels[0], self.sentinels[index] = sentinel, self.sentinels[0]
-                forced = getattr(self, "_force_master_ip", None)
+                forced = getattr(self, FORCE_MASTER_IP, None)
                 host = forced if forced is not None else state["ip"]
                 return host, state["port"]
         if failures and len(failures) == len(self.sentinels):
