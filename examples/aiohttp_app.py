@@ -9,7 +9,11 @@ Run it (the lock server is shared by every process that runs the app)::
 run one after the other; the second one waits for the first, for at most
 ``wait`` seconds (default 10): then it gets a 503 with ``Retry-After``, as it
 does when the lock service stays unavailable for the wait. A job whose lease
-is lost while it runs is cancelled and answered with a 503 that says so.
+is lost while it runs is cancelled and answered with a 503 that says so, and
+that its outcome is unknown: what it did before the loss may have happened.
+``GET /healthz`` answers 200 while the lock service answers, 503 otherwise.
+On shutdown the app drains: running jobs get 10 s to finish, then every lock
+goes to another process.
 """
 
 from __future__ import annotations
@@ -29,9 +33,14 @@ LOCKS = web.AppKey("locks", asynclock.Locks)
 
 async def lock_client(app: web.Application) -> AsyncIterator[None]:
     # One client for the app's lifetime: it owns the connections and the lease watchdog.
-    async with asynclock.connect(os.environ.get("ASYNCLOCK_URL", "memory://")) as locks:
-        app[LOCKS] = locks
+    locks = asynclock.connect(os.environ.get("ASYNCLOCK_URL", "memory://"))
+    await locks.open()  # a lock service that is not there fails the start-up, not the first request
+    app[LOCKS] = locks
+    try:
         yield
+    finally:
+        # Running jobs get 10 s to finish; then every lock is handed to the next process.
+        await locks.aclose(drain=10)
 
 
 async def build_report(name: str, fencing_token: int | None, seconds: float) -> None:
@@ -51,7 +60,10 @@ async def run_job(request: web.Request) -> web.Response:
     come_back = {"Retry-After": str(max(1, math.ceil(wait)))}
     asked = time.monotonic()
     try:
-        lease = await lock.acquire(timeout=wait)
+        # Wait at most `wait` seconds; the job then runs in the lease's cancel scope.
+        async with lock.acquire(timeout=wait) as lease:
+            waited = time.monotonic() - asked
+            await build_report(name, lease.token, seconds)
     except asynclock.LockTimeout:
         # Another process has run this job for the whole wait: tell the client when to come back.
         raise web.HTTPServiceUnavailable(text=f"job {name!r} is running elsewhere", headers=come_back) from None
@@ -60,17 +72,17 @@ async def run_job(request: web.Request) -> web.Response:
         raise web.HTTPServiceUnavailable(
             text=f"job {name!r} cannot run now: the lock service is unavailable", headers=come_back
         ) from exc
-    waited = time.monotonic() - asked
-    try:
-        async with lock:  # re-enters the hold: the job runs in the lease's cancel scope
-            await build_report(name, lease.token, seconds)
     except asynclock.LockLost as exc:
-        # The lease ran out under us: the job was cancelled, another worker may have it now.
-        raise web.HTTPServiceUnavailable(text=f"job {name!r} stopped: {exc}") from exc
-    finally:
-        if lock.held:  # (not held any more if the lease was lost)
-            await lock.release()  # undoes the acquire
+        # The lease ran out under us: the job was cancelled, another worker may have it now. What it
+        # wrote before may have happened, so the client must not simply retry: the outcome is unknown.
+        raise web.HTTPServiceUnavailable(text=f"job {name!r} stopped, outcome unknown: {exc}") from exc
     return web.json_response({"job": name, "token": lease.token, "waited_s": round(waited, 3)})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    health = await request.app[LOCKS].health()
+    body = {"ok": health.ok, "latency_s": health.latency, "held": health.held, "error": health.error}
+    return web.json_response(body, status=200 if health.ok else 503)
 
 
 def make_app(locks: asynclock.Locks | None = None) -> web.Application:
@@ -81,6 +93,7 @@ def make_app(locks: asynclock.Locks | None = None) -> web.Application:
     else:
         app[LOCKS] = locks
     app.router.add_post("/jobs/{name}", run_job)
+    app.router.add_get("/healthz", healthz)
     return app
 
 

@@ -248,7 +248,7 @@ async def test_fastapi_a_job_whose_lock_is_lost_is_cancelled_and_answered_503(
         assert faults(locks).lose("job:nightly")
         response = await asyncio.wait_for(answer, scaled(5))
         assert response.status_code == 503
-        assert "job 'nightly' stopped" in response.json()["detail"]
+        assert "job 'nightly' stopped, outcome unknown" in response.json()["detail"]
         assert job.ended == ["cancelled"]
         # nothing is left held: the next request for the job runs
         response = await asyncio.wait_for(post_job(http, "nightly", seconds=0), scaled(5))
@@ -279,6 +279,25 @@ async def test_fastapi_an_unavailable_lock_service_is_a_503_with_retry_after(
         assert job.ended == ["cancelled"]
 
 
+async def test_healthz_is_200_while_the_lock_service_answers_and_503_when_it_does_not(
+    locks: asynclock.Locks,
+) -> None:
+    fastapi_module = load_example("fastapi_app")
+    async with fastapi_on(locks, fastapi_module) as http:
+        response = await http.get("/healthz")
+        assert response.status_code == 200 and response.json()["ok"] is True, response.text
+        with faults(locks).unavailable():
+            response = await http.get("/healthz")
+        assert response.status_code == 503 and response.json()["error"], response.text
+    aiohttp_module = load_example("aiohttp_app")
+    async with TestClient(TestServer(aiohttp_module.make_app(locks), host="127.0.0.1")) as client:
+        reply = await client.get("/healthz")
+        assert reply.status == 200 and (await reply.json())["ok"] is True
+        with faults(locks).unavailable():
+            reply = await client.get("/healthz")
+        assert reply.status == 503 and (await reply.json())["error"]
+
+
 async def test_aiohttp_lock_loss_and_an_unavailable_lock_service_are_503s(
     locks: asynclock.Locks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -290,7 +309,7 @@ async def test_aiohttp_lock_loss_and_an_unavailable_lock_service_are_503s(
         await asyncio.wait_for(job.started.wait(), scaled(5))
         assert faults(locks).lose("job:nightly")
         reply = await asyncio.wait_for(answer, scaled(5))
-        assert reply.status == 503 and "job 'nightly' stopped" in await reply.text()
+        assert reply.status == 503 and "job 'nightly' stopped, outcome unknown" in await reply.text()
         assert job.ended == ["cancelled"]
         with faults(locks).unavailable():
             reply = await asyncio.wait_for(http.post("/jobs/nightly", params={"wait": str(JOB_S)}), scaled(10))
