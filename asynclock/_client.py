@@ -54,10 +54,14 @@ class Locks:
     ) -> None:
         self._core = Core(backend, check_ttl(ttl), on_event, close)
         self._connect_timeout = seconds(connect_timeout, "connect_timeout")
-        self.client_id = self._core.client_id
 
     def __repr__(self) -> str:
         return f"<Locks {self._core.backend.scheme} client={self.client_id}>"
+
+    @property
+    def client_id(self) -> str:
+        """This client's id: the start of every hold id it makes, as ``info().owner`` and events show."""
+        return self._core.client_id
 
     @property
     def backend(self) -> Any:

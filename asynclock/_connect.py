@@ -25,21 +25,19 @@ def connect(
 ) -> Locks:
     """A lock client for ``target``: a URL, or an existing client object.
 
-    =====================================  ===============================
-    ``memory://``                          in this process, no server
-    ``redis://host:port/db``, ``rediss://``, ``unix:///path.sock``  one Redis
-    a ``redis.asyncio.Redis`` instance     one Redis, not closed by asynclock
-    ``postgresql://user@host:port/db``     PostgreSQL (also ``postgres://``)
-    an ``asyncpg.Pool``                    PostgreSQL, not closed by asynclock
-    ``redlock://h1:p1,h2:p2,h3:p3``        a majority of N independent Redis primaries
-    ``redis+sentinel://s1:p1,s2:p2/name``  the Redis primary that Sentinel names
-    ``redis+cluster://h1:p1,h2:p2``        Redis Cluster (also a ``RedisCluster`` instance)
-    ``zk://h1:p1,h2:p2/optional/chroot``   a ZooKeeper ensemble; the lease is the session
-                                           (``?session_timeout=``, default the ``ttl``; without
-                                           a ``ttl`` the ttl follows it)
-    ``etcd://h1:p1,h2:p2/optional/path``   an etcd cluster (``etcds://`` for TLS); etcd's Mutex
-                                           recipe, one etcd lease per client
-    =====================================  ===============================
+    * ``memory://``: in this process, no server
+    * ``redis://host:port/db``, ``rediss://``, ``unix:///path.sock``: one Redis
+    * a ``redis.asyncio.Redis`` instance: one Redis, not closed by asynclock
+    * ``postgresql://user@host:port/db`` (also ``postgres://``): PostgreSQL
+    * an ``asyncpg.Pool``: PostgreSQL, not closed by asynclock
+    * ``redlock://h1:p1,h2:p2,h3:p3``: a majority of N independent Redis primaries
+    * ``redis+sentinel://s1:p1,s2:p2/name``: the Redis primary that Sentinel names
+    * ``redis+cluster://h1:p1,h2:p2``: Redis Cluster (also a ``RedisCluster`` instance)
+    * ``zk://h1:p1,h2:p2/optional/chroot``: a ZooKeeper ensemble; the lease is the
+      session (``?session_timeout=``, default the ``ttl``; without a ``ttl`` the
+      ttl follows it)
+    * ``etcd://h1:p1,h2:p2/optional/path`` (``etcds://`` for TLS): an etcd cluster,
+      etcd's Mutex recipe, one etcd lease per client
 
     ``ttl`` (seconds, default 30) is the lease time the watchdog keeps renewing;
     ``prefix`` namespaces every key (default ``"asynclock"``); ``on_event`` is
