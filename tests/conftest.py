@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from tests.harness import Harness, MemoryHarness, RedisHarness
+from tests.harnesses import Harness, MemoryHarness, RedisHarness
 from tests.servers import RedisServer
 from tests.servers.etcd import EtcdServer
 from tests.servers.postgres import PostgresServer
@@ -170,23 +170,23 @@ def make_harness(request: pytest.FixtureRequest, kind: str) -> Harness:
     elif kind == "redis":
         h = RedisHarness(request.getfixturevalue("redis_server"))
     elif kind == "postgres":
-        from tests.harness_postgres import PostgresHarness
+        from tests.harnesses.postgres import PostgresHarness
 
         h = PostgresHarness(request.getfixturevalue("postgres_server"))
     elif kind == "zookeeper":
-        from tests.harness_zookeeper import ZooKeeperHarness
+        from tests.harnesses.zookeeper import ZooKeeperHarness
 
         h = ZooKeeperHarness(request.getfixturevalue("zookeeper_server"))
     elif kind == "etcd":
-        from tests.harness_etcd import EtcdHarness
+        from tests.harnesses.etcd import EtcdHarness
 
         h = EtcdHarness(request.getfixturevalue("etcd_server"))
     elif kind == "redlock":
-        from tests.harness_redlock import RedlockHarness
+        from tests.harnesses.redlock import RedlockHarness
 
         h = RedlockHarness(request.getfixturevalue("redlock_nodes"))
     elif kind == "redis+cluster":
-        from tests.harness_cluster import ClusterHarness
+        from tests.harnesses.cluster import ClusterHarness
 
         h = ClusterHarness(request.getfixturevalue("redis_cluster"))
     else:  # pragma: no cover

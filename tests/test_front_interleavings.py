@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from tests.faults import hygiene
-from tests.harness import Harness
+from tests.harnesses import Harness
 from tests.servers import RedisServer, scaled
 from tests.servers.proxy import TcpProxy
 from tests.test_primitives import queued

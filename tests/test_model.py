@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import asynclock
-from tests.harness import Harness, MemoryHarness, RedisHarness
+from tests.harnesses import Harness, MemoryHarness, RedisHarness
 from tests.servers import RedisServer, scaled
 from tests.servers.postgres import PostgresServer
 from tests.servers.zookeeper import ZooKeeperServer
@@ -256,7 +256,7 @@ def test_model_redis(model_redis: RedisServer) -> None:
 
 
 def test_model_zookeeper(zookeeper_server: ZooKeeperServer) -> None:
-    from tests.harness_zookeeper import ZooKeeperHarness
+    from tests.harnesses.zookeeper import ZooKeeperHarness
 
     class ZooKeeper(LockModel):
         url = zookeeper_server.url
@@ -268,7 +268,7 @@ def test_model_zookeeper(zookeeper_server: ZooKeeperServer) -> None:
 
 
 def test_model_postgres(postgres_server: PostgresServer) -> None:
-    from tests.harness_postgres import PostgresHarness
+    from tests.harnesses.postgres import PostgresHarness
 
     class Postgres(LockModel):
         url = postgres_server.url

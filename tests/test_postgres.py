@@ -19,7 +19,7 @@ import pytest
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.backends.postgres import FLOOR, PARK_TIME, PostgresBackend, advisory_key
-from tests.harness_postgres import PostgresHarness, postgres_backend, tokens_from, unsigned
+from tests.harnesses.postgres import PostgresHarness, postgres_backend, tokens_from, unsigned
 from tests.servers import free_port, scaled
 from tests.servers.postgres import PostgresServer
 

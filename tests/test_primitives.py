@@ -16,7 +16,7 @@ import pytest
 import asynclock
 from asynclock import LockError, LockTimeout
 from tests.conftest import make_harness
-from tests.harness import Harness
+from tests.harnesses import Harness
 from tests.servers import scaled
 
 pytestmark = pytest.mark.anyio

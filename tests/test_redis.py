@@ -21,7 +21,7 @@ from asynclock.backends.redis import RedisBackend
 from asynclock.backends.redis._connection import ms
 from asynclock.backends.redis._hash import HashLock
 from asynclock.backends.redis._listen import Subscribed
-from tests.harness import eventually, redis_backend
+from tests.harnesses import eventually, redis_backend
 from tests.servers import RedisServer, scaled
 from tests.servers.proxy import TcpProxy
 from tests.test_primitives import queued

@@ -23,7 +23,7 @@ import pytest
 
 import asynclock
 import asynclock.testing
-from tests.harness import MemoryHarness
+from tests.harnesses import MemoryHarness
 from tests.servers import scaled
 
 pytestmark = pytest.mark.anyio

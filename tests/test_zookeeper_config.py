@@ -24,7 +24,7 @@ import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.backends.zookeeper import ZooKeeperBackend
 from tests.faults import hygiene
-from tests.harness_zookeeper import AdminClient, ZooKeeperHarness
+from tests.harnesses.zookeeper import AdminClient, ZooKeeperHarness
 from tests.servers import free_port, scaled
 from tests.servers.zookeeper import ZooKeeperServer
 
