@@ -58,7 +58,11 @@ class LockModel(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.harness = self.loop.run_until_complete(self._make_harness())
         self.prefix = self.harness.prefix
-        self.ttl = scaled(2.0)
+        # An expiry step waits for the holder's watchdog to notice the loss at its next
+        # renewal, up to ttl/3 later: that wait is most of this test's time. The
+        # loop runs only inside a step, and steps follow each other within
+        # milliseconds, far within the 2/3 ttl a renewal may be late by.
+        self.ttl = scaled(1.0)
         self.clients = [self.connect() for _ in range(2)]
         self.actors = [self.loop.run_until_complete(self._spawn()) for _ in range(ACTORS)]
         self.client_of = [0, 0, 1]
