@@ -27,7 +27,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run the long torture tests too")
 
 
+#: With ``--dist loadgroup`` (tests/run.sh) a test module runs on one worker, which
+#: makes its module-scoped fixtures (a build, a Sentinel group of five servers)
+#: once; each worker starts the session servers its modules use. These modules are
+#: exceptions to that rule:
+#: the longest one, whose tests go one by one to whichever worker is free (each of
+#: those starts the module's servers: a few seconds, against minutes of waiting
+#: on one worker);
+SPREAD_MODULES = {"test_faults.py"}
+#: and those that look up names that do not resolve, which run one after another on
+#: one worker: a client retries such a lookup until its connect timeout, and the
+#: machine's resolver stops answering for 5 s after a few dozen lookups in a burst;
+#: several of these tests at once reach that before any lookup has failed, and
+#: their error says "timed out" where they check for "name not resolved".
+SHARED_GROUPS = dict.fromkeys(["test_redis_config.py", "test_postgres_config.py", "test_zookeeper_config.py"], "dns")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.name
+        if module not in SPREAD_MODULES:
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(module, item.path.stem)))
     if config.getoption("--run-slow") or os.environ.get("ASYNCLOCK_SLOW"):
         return
     skip = pytest.mark.skip(reason="torture test: run with --run-slow")
