@@ -35,12 +35,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: those starts the module's servers: a few seconds, against minutes of waiting
 #: on one worker);
 SPREAD_MODULES = {"test_faults.py"}
-#: and those that look up names that do not resolve, which run one after another on
-#: one worker: a client retries such a lookup until its connect timeout, and the
-#: machine's resolver stops answering for 5 s after a few dozen lookups in a burst;
-#: several of these tests at once reach that before any lookup has failed, and
-#: their error says "timed out" where they check for "name not resolved".
-SHARED_GROUPS = dict.fromkeys(["test_redis_config.py", "test_postgres_config.py", "test_zookeeper_config.py"], "dns")
+#: and those that use the machine's DNS resolver, which run one after another on one
+#: worker: the config tests look up names that do not resolve (a client retries such
+#: a lookup until its connect timeout) and the packaging test installs from the
+#: package index. The resolver leaves one lookup in a few dozen unanswered for 5 s,
+#: its timeout; with lookups from other workers in between, a config test's first
+#: lookup can be that one, and its error then says "timed out" where the test
+#: checks for "name not resolved".
+SHARED_GROUPS = dict.fromkeys(
+    ["test_redis_config.py", "test_postgres_config.py", "test_zookeeper_config.py", "test_package.py"], "dns"
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
