@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -27,10 +28,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run the long torture tests too")
 
 
-#: With ``--dist loadgroup`` (tests/run.sh) a test module runs on one worker, which
+#: With ``--dist loadfile`` (tests/run.sh) a test module runs on one worker, which
 #: makes its module-scoped fixtures (a build, a Sentinel group of five servers)
 #: once; each worker starts the session servers its modules use. These modules are
-#: exceptions to that rule:
+#: exceptions to that rule (see ``pytest_xdist_make_scheduler``):
 #: the longest one, whose tests go one by one to whichever worker is free (each of
 #: those starts the module's servers: a few seconds, against minutes of waiting
 #: on one worker);
@@ -47,11 +48,32 @@ SHARED_GROUPS = dict.fromkeys(
 )
 
 
+def work_unit(nodeid: str) -> str:
+    """What runs on one worker with ``--dist loadfile``: the test's module, with the exceptions above."""
+    module = nodeid.split("::", 1)[0]
+    name = module.rpartition("/")[2]
+    if name in SPREAD_MODULES:
+        return nodeid
+    return SHARED_GROUPS.get(name, module)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent with -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the work units of ``work_unit``. (pytest-xdist's own
+    ``xdist_group`` marks do not group on pytest 9: it renames ``item._nodeid``,
+    which pytest 9 no longer reads.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        module = item.path.name
-        if module not in SPREAD_MODULES:
-            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(module, item.path.stem)))
     if config.getoption("--run-slow") or os.environ.get("ASYNCLOCK_SLOW"):
         return
     skip = pytest.mark.skip(reason="torture test: run with --run-slow")
