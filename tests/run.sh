@@ -47,4 +47,4 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-exec .venv/bin/python -m pytest -n 6 --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n 4 --dist loadfile "$@"
