@@ -6,7 +6,8 @@
 # Extra arguments go to pytest (e.g. --run-slow for the torture tests, or
 # -n 0 for one process). The tests mostly wait on servers and timers, so
 # they run in parallel workers (pytest-xdist), more than there are cores;
-# each worker starts the servers it needs on ports of its own.
+# each worker starts the servers it needs on ports of its own, and runs
+# whole modules (--dist loadfile; tests/conftest.py names the exceptions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
