@@ -8,12 +8,14 @@ drop connections).
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
-from tests.harness import Harness, MemoryHarness, RedisHarness
+from tests.harnesses import Harness
 from tests.servers import RedisServer
 from tests.servers.etcd import EtcdServer
 from tests.servers.postgres import PostgresServer
@@ -25,6 +27,51 @@ BACKENDS = ["memory", "redis", "postgres", "zookeeper", "redlock", "etcd"]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run the long torture tests too")
+
+
+#: With ``--dist loadfile`` (tests/run.sh) a test module runs on one worker, which
+#: makes its module-scoped fixtures (a build, a Sentinel group of five servers)
+#: once; each worker starts the session servers its modules use. These modules are
+#: exceptions to that rule (see ``pytest_xdist_make_scheduler``):
+#: the longest one, whose tests go one by one to whichever worker is free (each of
+#: those starts the module's servers: a few seconds, against minutes of waiting
+#: on one worker);
+SPREAD_MODULES = {"test_faults.py"}
+#: and those that use the machine's DNS resolver, which run one after another on one
+#: worker: the config tests look up names that do not resolve (a client retries such
+#: a lookup until its connect timeout) and the packaging test installs from the
+#: package index. The resolver leaves one lookup in a few dozen unanswered for 5 s,
+#: its timeout; with lookups from other workers in between, a config test's first
+#: lookup can be that one, and its error then says "timed out" where the test
+#: checks for "name not resolved".
+SHARED_GROUPS = dict.fromkeys(
+    ["test_redis_config.py", "test_postgres_config.py", "test_zookeeper_config.py", "test_package.py"], "dns"
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """What runs on one worker with ``--dist loadfile``: the test's module, with the exceptions above."""
+    module = nodeid.split("::", 1)[0]
+    name = module.rpartition("/")[2]
+    if name in SPREAD_MODULES:
+        return nodeid
+    return SHARED_GROUPS.get(name, module)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent with -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the work units of ``work_unit``. (pytest-xdist's own
+    ``xdist_group`` marks do not group on pytest 9: it renames ``item._nodeid``,
+    which pytest 9 no longer reads.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ModuleScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -162,33 +209,22 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         yield h
 
 
+#: Each backend's harness: the module and class under tests/harnesses/, and the session
+#: fixture of the server it runs on (None: no server). A new backend is one row here.
+HARNESSES: dict[str, tuple[str, str, str | None]] = {
+    "memory": ("tests.harnesses", "MemoryHarness", None),
+    "redis": ("tests.harnesses", "RedisHarness", "redis_server"),
+    "postgres": ("tests.harnesses.postgres", "PostgresHarness", "postgres_server"),
+    "zookeeper": ("tests.harnesses.zookeeper", "ZooKeeperHarness", "zookeeper_server"),
+    "etcd": ("tests.harnesses.etcd", "EtcdHarness", "etcd_server"),
+    "redlock": ("tests.harnesses.redlock", "RedlockHarness", "redlock_nodes"),
+    "redis+cluster": ("tests.harnesses.cluster", "ClusterHarness", "redis_cluster"),
+}
+
+
 def make_harness(request: pytest.FixtureRequest, kind: str) -> Harness:
     """A fresh harness for the backend ``kind``, on the session's servers."""
-    h: Harness
-    if kind == "memory":
-        h = MemoryHarness()
-    elif kind == "redis":
-        h = RedisHarness(request.getfixturevalue("redis_server"))
-    elif kind == "postgres":
-        from tests.harness_postgres import PostgresHarness
-
-        h = PostgresHarness(request.getfixturevalue("postgres_server"))
-    elif kind == "zookeeper":
-        from tests.harness_zookeeper import ZooKeeperHarness
-
-        h = ZooKeeperHarness(request.getfixturevalue("zookeeper_server"))
-    elif kind == "etcd":
-        from tests.harness_etcd import EtcdHarness
-
-        h = EtcdHarness(request.getfixturevalue("etcd_server"))
-    elif kind == "redlock":
-        from tests.harness_redlock import RedlockHarness
-
-        h = RedlockHarness(request.getfixturevalue("redlock_nodes"))
-    elif kind == "redis+cluster":
-        from tests.harness_cluster import ClusterHarness
-
-        h = ClusterHarness(request.getfixturevalue("redis_cluster"))
-    else:  # pragma: no cover
-        raise AssertionError(kind)
-    return h
+    module, name, server = HARNESSES[kind]
+    harness_type = getattr(importlib.import_module(module), name)
+    harness: Harness = harness_type() if server is None else harness_type(request.getfixturevalue(server))
+    return harness

@@ -3,7 +3,11 @@
 # the servers the tests start (Debian packages, when root), a virtualenv in
 # .venv with the package, all its extras and requirements/dev.txt, then ruff,
 # mypy and pytest.
-# Extra arguments go to pytest (e.g. --run-slow for the torture tests).
+# Extra arguments go to pytest (e.g. --run-slow for the torture tests, or
+# -n 0 for one process). The tests mostly wait on servers and timers, so
+# they run in parallel workers (pytest-xdist), more than there are cores;
+# each worker starts the servers it needs on ports of its own, and runs
+# whole modules (--dist loadfile; tests/conftest.py names the exceptions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,4 +48,4 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n 4 --dist loadfile "$@"

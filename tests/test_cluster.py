@@ -23,8 +23,8 @@ from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.cluster import ClusterBackend
 from asynclock.testing.conformance import ServerContract
-from tests.harness import eventually
-from tests.harness_cluster import ClusterHarness, cluster_backend
+from tests.harnesses import eventually
+from tests.harnesses.cluster import ClusterHarness, cluster_backend
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.redis_topologies import ClusterSetup

@@ -3,7 +3,7 @@
 The tests themselves are ``asynclock.testing.conformance.Contract``, the
 suite a backend written elsewhere runs against itself too. Here it runs on
 every backend of the project: the ``harness`` fixture (tests/conftest.py,
-one ``tests/harness.py`` harness per backend in ``BACKENDS``) gives each
+one ``tests/harnesses`` harness per backend in ``BACKENDS``) gives each
 test a fresh key prefix and checks afterwards that nothing was left behind
 on the server.
 """

@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 
 import asynclock
-from tests import insides
+from tests.harnesses import insides
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

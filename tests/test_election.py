@@ -30,7 +30,7 @@ from asynclock._inspect import collect
 from asynclock.backends import memory
 from tests.child import CANDIDATE, ChildProcess, children
 from tests.conftest import make_harness
-from tests.harness import Harness, MemoryHarness
+from tests.harnesses import Harness, MemoryHarness
 from tests.servers import scaled
 
 pytestmark = pytest.mark.anyio

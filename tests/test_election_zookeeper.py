@@ -25,7 +25,7 @@ import asynclock
 from asynclock import LockLost, LockTimeout
 from asynclock.backends.zookeeper._order import contenders_of
 from tests.child import CANDIDATE, ChildProcess, children
-from tests.harness_zookeeper import CuratorProgram, ZooKeeperHarness, curator_program
+from tests.harnesses.zookeeper import CuratorProgram, ZooKeeperHarness, curator_program
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.zookeeper import ZooKeeperServer

@@ -21,9 +21,8 @@ from asynclock.backends.etcd import EtcdBackend, _recipe, _watch
 from asynclock.backends.etcd._client import _KV
 from asynclock.backends.etcd._replies import Created, TxnResult, deleted_count
 from asynclock.backends.etcd._wire import Op, range_request, txn_request
-from tests import insides
-from tests.harness import eventually
-from tests.harness_etcd import AdminClient, EtcdHarness
+from tests.harnesses import eventually, insides
+from tests.harnesses.etcd import AdminClient, EtcdHarness
 from tests.servers import free_port, scaled
 from tests.servers.etcd import EtcdCluster, EtcdServer, TlsFiles, etcdctl, etcdctl_binary
 

@@ -12,9 +12,8 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
-from tests import insides
 from tests.faults import hygiene
-from tests.harness import Harness
+from tests.harnesses import Harness, insides
 from tests.servers import RedisServer, scaled
 from tests.servers.proxy import TcpProxy
 from tests.test_primitives import queued

@@ -13,7 +13,7 @@ import pytest
 
 import asynclock
 from asynclock import LockLost, LockTimeout, LossReason
-from tests.harness import Harness
+from tests.harnesses import Harness
 from tests.servers import scaled
 
 pytestmark = pytest.mark.anyio

@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import asynclock
-from tests import insides
-from tests.harness import Harness, MemoryHarness, RedisHarness
+from tests.harnesses import Harness, MemoryHarness, RedisHarness, insides
 from tests.servers import RedisServer, scaled
 from tests.servers.postgres import PostgresServer
 from tests.servers.zookeeper import ZooKeeperServer
@@ -59,7 +58,11 @@ class LockModel(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.harness = self.loop.run_until_complete(self._make_harness())
         self.prefix = self.harness.prefix
-        self.ttl = scaled(2.0)
+        # An expiry step waits for the holder's watchdog to notice the loss at its next
+        # renewal, up to ttl/3 later: that wait is most of this test's time. The
+        # loop runs only inside a step, and steps follow each other within
+        # milliseconds, far within the 2/3 ttl a renewal may be late by.
+        self.ttl = scaled(1.0)
         self.clients = [self.connect() for _ in range(2)]
         self.actors = [self.loop.run_until_complete(self._spawn()) for _ in range(ACTORS)]
         self.client_of = [0, 0, 1]
@@ -251,7 +254,7 @@ def test_model_redis(model_redis: RedisServer) -> None:
 
 
 def test_model_zookeeper(zookeeper_server: ZooKeeperServer) -> None:
-    from tests.harness_zookeeper import ZooKeeperHarness
+    from tests.harnesses.zookeeper import ZooKeeperHarness
 
     class ZooKeeper(LockModel):
         url = zookeeper_server.url
@@ -263,7 +266,7 @@ def test_model_zookeeper(zookeeper_server: ZooKeeperServer) -> None:
 
 
 def test_model_postgres(postgres_server: PostgresServer) -> None:
-    from tests.harness_postgres import PostgresHarness
+    from tests.harnesses.postgres import PostgresHarness
 
     class Postgres(LockModel):
         url = postgres_server.url

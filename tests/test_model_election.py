@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import asynclock
 import asynclock.testing
-from tests.harness import MemoryHarness
+from tests.harnesses import MemoryHarness
 from tests.servers import scaled
 
 TTL = scaled(0.15)

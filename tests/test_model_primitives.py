@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 import asynclock
 from tests.conftest import make_harness
-from tests.harness import Harness
+from tests.harnesses import Harness
 from tests.servers import scaled
 from tests.test_model import _Actor
 from tests.test_primitives import FAIR_IS_PLAIN, SUPPORT

@@ -19,8 +19,8 @@ import pytest
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.backends.postgres import FLOOR, PARK_TIME, PostgresBackend, advisory_key
-from tests import insides
-from tests.harness_postgres import PostgresHarness, postgres_backend, tokens_from, unsigned
+from tests.harnesses import insides
+from tests.harnesses.postgres import PostgresHarness, postgres_backend, tokens_from, unsigned
 from tests.servers import free_port, scaled
 from tests.servers.postgres import PostgresServer
 

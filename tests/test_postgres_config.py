@@ -22,7 +22,7 @@ import pytest
 import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.backends.postgres import gate_key, permits_key
-from tests.harness_postgres import HELD_SQL, PostgresHarness, password_role, unsigned
+from tests.harnesses.postgres import HELD_SQL, PostgresHarness, password_role, unsigned
 from tests.servers import free_port, scaled
 from tests.servers.postgres import PostgresServer
 

@@ -21,7 +21,7 @@ import pytest
 import asynclock
 from asynclock import ConfigurationError, LockLost
 from asynclock.backends.postgres import FLOOR, election_key
-from tests.harness_postgres import PostgresHarness, password_role, tokens_from
+from tests.harnesses.postgres import PostgresHarness, password_role, tokens_from
 from tests.servers import scaled
 from tests.servers.postgres import PostgresServer
 

@@ -26,7 +26,7 @@ import asynclock
 from asynclock import LockTimeout
 from asynclock.backends.postgres import advisory_key, gate_key, rw_key
 from tests.child import ChildProcess, children
-from tests.harness_postgres import PostgresHarness, postgres_backend, tokens_from, unsigned
+from tests.harnesses.postgres import PostgresHarness, postgres_backend, tokens_from, unsigned
 from tests.servers import scaled
 from tests.servers.postgres import PostgresServer
 from tests.test_primitives import Holder

@@ -16,9 +16,8 @@ import pytest
 import asynclock
 from asynclock import LockLost, LockTimeout
 from asynclock.abc import RenewItem
-from tests import insides
 from tests.conftest import make_harness
-from tests.harness import Harness, eventually, handovers_dropped
+from tests.harnesses import Harness, eventually, handovers_dropped, insides
 from tests.servers import scaled
 from tests.test_primitives import FAIR_IS_PLAIN
 
@@ -29,7 +28,7 @@ SHORT = scaled(0.3)
 
 
 def make_harness_memory() -> Harness:
-    from tests.harness import MemoryHarness
+    from tests.harnesses import MemoryHarness
 
     return MemoryHarness()
 
@@ -333,7 +332,7 @@ async def test_two_tasks_of_one_client_and_another_client_queue_in_order(any_har
 
 @pytest.fixture
 async def redis_own(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    from tests.harness import RedisHarness
+    from tests.harnesses import RedisHarness
 
     async with RedisHarness(request.getfixturevalue("redis_fresh")) as h:
         yield h

@@ -15,9 +15,8 @@ import pytest
 
 import asynclock
 from asynclock import LockError, LockTimeout
-from tests import insides
 from tests.conftest import make_harness
-from tests.harness import Harness
+from tests.harnesses import Harness, insides
 from tests.servers import scaled
 
 pytestmark = pytest.mark.anyio

@@ -30,8 +30,7 @@ from asynclock.backends.redis._pubsub import listening_connection
 from asynclock.backends.redis._renew import RENEW_CHUNK
 from asynclock.backends.redis._shared import QueuedResource
 from asynclock.backends.redis.sentinel import _Sentinels
-from tests import insides
-from tests.harness import eventually, redis_backend
+from tests.harnesses import eventually, insides, redis_backend
 from tests.servers import RedisServer, free_port, scaled
 from tests.servers.proxy import TcpProxy
 from tests.test_primitives import queued

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import LockTimeout, NotHeld
-from tests.harness import RedisHarness
+from tests.harnesses import RedisHarness
 from tests.servers import RedisServer, scaled
 from tests.test_primitives import queued
 

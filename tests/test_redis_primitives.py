@@ -23,7 +23,7 @@ from asynclock.backends.redis._connection import ms
 from asynclock.backends.redis._exclusive import ExclusiveLock
 from asynclock.backends.redis._shared import QueuedResource
 from tests.child import ChildProcess, children
-from tests.harness import RedisHarness, handovers_dropped, redis_backend
+from tests.harnesses import RedisHarness, handovers_dropped, redis_backend
 from tests.servers import RedisServer, scaled
 from tests.servers.redis_topologies import SentinelSetup
 from tests.test_primitives import Holder

@@ -1,6 +1,6 @@
 """Redlock-only tests: five real redis-servers, some killed, paused or restarted empty.
 
-The contract suite runs on Redlock too (``tests/harness_redlock.py``); these
+The contract suite runs on Redlock too (``tests/harnesses/redlock.py``); these
 tests cover what only a quorum of independent nodes has: a minority can fail
 without anyone noticing, a majority cannot, and a node that comes back empty
 too soon can let a second holder in.
@@ -20,8 +20,8 @@ import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.redlock import RedlockBackend, quorum
-from tests.harness import eventually
-from tests.harness_redlock import RedlockHarness, redlock_backend
+from tests.harnesses import eventually
+from tests.harnesses.redlock import RedlockHarness, redlock_backend
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.redis_topologies import RedisNodes

@@ -21,7 +21,7 @@ from asynclock import BackendUnavailable, ConfigurationError, LockLost, LockTime
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.sentinel import SentinelBackend
 from asynclock.testing.conformance import ServerContract
-from tests.harness import RedisHarness
+from tests.harnesses import RedisHarness
 from tests.servers import scaled
 from tests.servers.redis_topologies import SentinelSetup
 

@@ -19,7 +19,7 @@ import pytest
 import asynclock
 from asynclock.testing.conformance import ServerContract
 from tests.conftest import make_harness
-from tests.harness import Harness
+from tests.harnesses import Harness
 
 pytestmark = pytest.mark.anyio
 

@@ -23,8 +23,7 @@ import pytest
 
 import asynclock
 import asynclock.testing
-from tests import insides
-from tests.harness import MemoryHarness
+from tests.harnesses import MemoryHarness, insides
 from tests.servers import scaled
 
 pytestmark = pytest.mark.anyio

@@ -47,8 +47,8 @@ from asynclock.backends.zookeeper._wire import (
     delete_request,
     exists_request,
 )
-from tests.harness import eventually
-from tests.harness_zookeeper import ZooKeeperHarness
+from tests.harnesses import eventually
+from tests.harnesses.zookeeper import ZooKeeperHarness
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, four_letter

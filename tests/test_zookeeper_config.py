@@ -24,7 +24,7 @@ import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.backends.zookeeper import ZooKeeperBackend
 from tests.faults import hygiene
-from tests.harness_zookeeper import AdminClient, ZooKeeperHarness
+from tests.harnesses.zookeeper import AdminClient, ZooKeeperHarness
 from tests.servers import free_port, scaled
 from tests.servers.zookeeper import ZooKeeperServer
 
@@ -220,16 +220,22 @@ async def test_every_ttl_and_session_timeout_works_or_is_refused_at_connect(zk: 
         ({"ttl": 1.5 * session}, {"session_timeout": session}, 1.5 * session, session),
         ({}, {"ttl": session, "session_timeout": 2 * session}, session, 2 * session),  # both in the URL
     ]
-    for options, query, ttl, asked in works:
+
+    async def holds(index: int, options: dict[str, float], query: dict[str, float], ttl: float, asked: float) -> None:
         url = zk.url + ("?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else "")
         locks = asynclock.connect(url, prefix=zk.prefix, **options)
         zk._clients.append(locks)
         assert (locks.ttl, backend_of(locks).session.requested_timeout) == (ttl, asked)
         if ttl < 5:
-            async with locks.lock("combination") as lease:
+            async with locks.lock(f"combination-{index}") as lease:
                 await asyncio.sleep(2 * asked)
                 assert not lease.lost
         await locks.aclose()
+
+    # side by side: each holds its own lock past twice its session timeout
+    async with asyncio.TaskGroup() as group:
+        for index, combination in enumerate(works):
+            group.create_task(holds(index, *combination))
     # a ttl the session cannot carry is refused at connect(), whichever way it is given
     for url, options in (
         (f"{zk.url}?session_timeout={session}", {"ttl": 3 * session}),

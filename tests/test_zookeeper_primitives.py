@@ -30,7 +30,7 @@ from asynclock import LockTimeout
 from asynclock.abc import LockRef
 from asynclock.backends.zookeeper import ZooKeeperBackend
 from asynclock.backends.zookeeper._order import contenders_of
-from tests.harness_zookeeper import CuratorProgram, ZooKeeperHarness, curator_program
+from tests.harnesses.zookeeper import CuratorProgram, ZooKeeperHarness, curator_program
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.zookeeper import ZooKeeperServer, four_letter

@@ -123,7 +123,7 @@ class ZooKeeperTarget(Target):
     async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
         from asynclock.abc import LockRef
         from asynclock.backends.zookeeper import ZooKeeperBackend
-        from tests.harness_zookeeper import AdminClient
+        from tests.harnesses.zookeeper import AdminClient
 
         hosts = urlsplit(self.url).netloc
         # (the backend object only computes the key: no I/O)
@@ -147,7 +147,7 @@ class EtcdTarget(Target):
     lease_factor = 2.0
 
     async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
-        from tests.harness_etcd import AdminClient
+        from tests.harnesses.etcd import AdminClient
 
         admin = AdminClient(urlsplit(self.url).netloc.rsplit("@", 1)[-1])
         try:
@@ -162,7 +162,7 @@ class PostgresTarget(Target):
     async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
         import asyncpg
 
-        from tests.harness_postgres import HELD_SQL
+        from tests.harnesses.postgres import HELD_SQL
 
         conn = await asyncpg.connect(self.url)
         try:

@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import asynclock
-from tests import insides
 from tests.faults.store import FencedStore
+from tests.harnesses import insides
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -19,11 +20,57 @@ def scaled(seconds: float) -> float:
     return seconds * SCALE
 
 
+#: Ports this process handed out, each with the open lock file that reserves it
+#: against every other process of the test run (parallel workers, their children).
+_RESERVED: dict[int, int] = {}
+#: How many reservations a process keeps: the oldest is let go past this.
+_KEEP = 512
+
+
+def _reservation_dir() -> Path:
+    """The directory of the ports' lock files, shared by every user's test runs (sticky, like /tmp)."""
+    path = Path(tempfile.gettempdir()) / "asynclock-test-ports"
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return path
+    os.chmod(path, 0o1777)
+    return path
+
+
+def _reserve(port: int) -> bool:
+    """Take the lock file of ``port`` for this process; False when another live process has it.
+
+    The lock is an ``flock`` on an open file: it goes when the process does, so a
+    crashed worker leaves nothing held."""
+    fd = os.open(_reservation_dir() / str(port), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _RESERVED[port] = fd
+    while len(_RESERVED) > _KEEP:
+        os.close(_RESERVED.pop(next(iter(_RESERVED))))
+    return True
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nobody listens on right now, and that no other
+    process of the test run (a parallel worker, a child process) is handed too.
+
+    The kernel picks a port nobody uses (bind to port 0); it is free again once
+    this returns, until the caller's server binds it, so it is also reserved by a
+    lock file for as long as this process lives (the last ``_KEEP`` of them): two
+    workers never start servers on one port, and a port a test wants closed is
+    not opened by another worker's server."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _RESERVED and _reserve(port):
+            return port
+    raise RuntimeError("no free port that another test process has not reserved")
 
 
 class ServerProcess:

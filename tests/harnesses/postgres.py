@@ -18,7 +18,7 @@ import asyncpg
 
 import asynclock
 from asynclock.backends.postgres import PostgresBackend, advisory_key, election_key, rw_key, slot_key
-from tests.harness import Harness
+from tests.harnesses import Harness
 from tests.servers.postgres import PASSWORD_GROUP, PostgresServer
 
 #: Granted advisory locks in the two-int space, with the holder's pid and application_name.

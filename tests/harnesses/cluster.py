@@ -12,7 +12,7 @@ from redis.asyncio.cluster import ClusterNode
 
 import asynclock
 from asynclock.backends.cluster import ClusterBackend
-from tests.harness import Harness
+from tests.harnesses import Harness
 from tests.servers.redis_topologies import ClusterSetup
 
 

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock.backends.redlock import RedlockBackend
-from tests.harness import Harness
+from tests.harnesses import Harness
 from tests.servers.redis_topologies import RedisNodes
 
 

@@ -16,7 +16,7 @@ from asynclock.backends.zookeeper import ZooKeeperBackend
 from asynclock.backends.zookeeper._order import contenders_of, rw_holders, sequence
 from asynclock.backends.zookeeper._session import ZkSession
 from asynclock.backends.zookeeper._wire import NO_NODE, ZkError
-from tests.harness import Harness
+from tests.harnesses import Harness
 from tests.servers import scaled
 from tests.servers.zookeeper import ZooKeeperServer
 

@@ -8,7 +8,7 @@ from asynclock.backends.etcd._client import EtcdClient
 from asynclock.backends.etcd._recipe import rw_holders
 from asynclock.backends.etcd._replies import KeyValue
 from asynclock.backends.etcd._wire import ASCEND, SORT_CREATE, prefix_end, range_request
-from tests.harness import Harness
+from tests.harnesses import Harness
 from tests.servers.etcd import EtcdServer
 
 #: How long an admin request may take.
