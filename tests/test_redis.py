@@ -287,9 +287,10 @@ async def _holds(connection: Connection, count: int, missing: set[int]) -> dict[
     for i in range(count):
         lock, permit, hold = LockRef("lock", f"n{i}"), LockRef("semaphore", f"n{i}"), f"hold-{i}"
         if i not in missing:
-            assert isinstance(await hashed.try_acquire(lock.name, hold, 1.0), Acquired)
-            assert (await exclusive.enter(lock, hold, 1.0, enqueue=False, fresh=True)).token is not None
-            assert (await shared.enter(permit, hold, 1.0, enqueue=False, fresh=True)).token is not None
+            # (held long enough that none can expire before the renewal, however slow the machine)
+            assert isinstance(await hashed.try_acquire(lock.name, hold, 30.0), Acquired)
+            assert (await exclusive.enter(lock, hold, 30.0, enqueue=False, fresh=True)).token is not None
+            assert (await shared.enter(permit, hold, 30.0, enqueue=False, fresh=True)).token is not None
         items["hash"].append(RenewItem(lock, hold, 60.0))
         items["exclusive"].append(RenewItem(lock, hold, 60.0))
         items["semaphore"].append(RenewItem(permit, hold, 60.0))
@@ -313,7 +314,7 @@ async def test_a_renewal_past_one_chunk_answers_each_hold_in_its_place(
         assert await ExclusiveLock(connection, "chunks-x", "c").renew(items["exclusive"]) == expected
         assert await QueuedResource(connection, "chunks-s", "c").renew(items["semaphore"]) == expected
         for key in ("chunks-h:{n0}", f"chunks-h:{{n{count - 1}}}", "chunks-x:{n0}:x", f"chunks-x:{{n{count - 1}}}:x"):
-            assert await admin.pttl(key) > 30_000, key  # taken for 1 s, renewed for 60
+            assert await admin.pttl(key) > 30_000, key  # taken for 30 s, renewed for 60
         left = await admin.zrange(f"chunks-s:{{n{count - 1}}}:sem", 0, -1, withscores=True)
         [(_, expires_ms)] = left
         [now_s, now_us] = await admin.time()
