@@ -103,6 +103,8 @@ async def acquire_new(core: Core, lock: Want, owner: str, timeout: float | None)
     backoff = Backoff()
     # (a first try that got no answer counts towards giving up on the server)
     failing_since: float | None = started if isinstance(result, BaseException) else None
+    # the first failure of the current streak: what to report when a server never reached stays away
+    first_failure: BaseException | None = result if isinstance(result, BaseException) else None
     last_busy: Busy | None = result if isinstance(result, Busy) else None
     watching = hub.watch(lock.name) if notifies else contextlib.nullcontext(None)
     async with watching as waiter:
@@ -124,7 +126,7 @@ async def acquire_new(core: Core, lock: Want, owner: str, timeout: float | None)
                 last_busy = result
                 if deadline is not None and now >= deadline:
                     _give_up(core, lock, hold, owner, result, timeout, started)
-                failing_since = None
+                failing_since = first_failure = None
                 backoff.reset()
                 wait = None if deadline is None else deadline - now
                 if result.retry_after is not None:
@@ -135,6 +137,11 @@ async def acquire_new(core: Core, lock: Want, owner: str, timeout: float | None)
                 # The server did not answer: back off, but never wait
                 # forever for a server that stays away.
                 failing_since = now if failing_since is None else failing_since
+                first_failure = first_failure or result
+                # A server never reached (a name not resolved, a refusal) that then merely
+                # does not answer (a lookup that stalls) is still one never reached.
+                if _unreached(first_failure) and not _answered(result):
+                    result = first_failure
                 if deadline is not None and now >= deadline and last_busy is not None:
                     # The server answered "taken" before; the time is up. This
                     # try may have gone through unseen: give it back by identity.
@@ -300,6 +307,18 @@ async def _wait_in_queue(
             # the next in line) before saying so.
             await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False), window)
             _give_up(core, lock, lease._hold, owner, Busy(None), deadline - started, started)
+
+
+def _unreached(failure: BaseException) -> bool:
+    """No connection to the server could be made at all."""
+    return isinstance(failure, BackendUnavailable) and failure.connect_timeout is not None
+
+
+def _answered(failure: BaseException) -> bool:
+    """The server (or its connection) said something: not merely a request without an answer."""
+    if isinstance(failure, _HoldRetired):
+        return False
+    return not isinstance(failure, (TimeoutError, BackendUnavailable))
 
 
 def _patience(failure: object, longest: float) -> float:

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
+from asynclock.backends import memory
 from tests.faults import hygiene
 from tests.harnesses import Harness, insides
 from tests.servers import RedisServer, scaled
@@ -435,3 +436,33 @@ async def test_a_waiter_with_no_timeout_gives_up_on_a_black_holed_server(redis_f
                 waiting.cancel()
                 await asyncio.gather(waiting, return_exceptions=True)
             await holder.release()
+
+
+class _NeverReached(memory.MemoryBackend):
+    """A server whose name does not resolve at first and whose later lookups stall (a resolver
+    that stops answering): the first try fails at once, every later one only times out."""
+
+    tries = 0
+
+    async def try_acquire(self, ref: Any, hold: str, ttl: float, *, enqueue: bool) -> Any:
+        type(self).tries += 1
+        if type(self).tries == 1:
+            error = BackendUnavailable("server.invalid:6379 could not be reached: name not resolved")
+            error.connect_timeout = scaled(0.5)
+            raise error
+        raise BackendUnavailable("server.invalid:6379 did not answer: TimeoutError()")
+
+
+async def test_a_server_never_reached_is_given_up_after_the_connect_timeout_with_its_first_cause() -> None:
+    loop = asyncio.get_running_loop()
+    locks = asynclock.Locks(_NeverReached(prefix="never"), ttl=scaled(30))
+    started = loop.time()
+    try:
+        with pytest.raises(BackendUnavailable, match="name not resolved"):
+            async with asyncio.timeout(scaled(10)):
+                await locks.lock("x").acquire()
+        # after the connect timeout of the first failure, not after the 30 s ttl
+        assert loop.time() - started < scaled(5)
+        assert _NeverReached.tries > 1, "it was retried meanwhile"
+    finally:
+        await locks.aclose()
