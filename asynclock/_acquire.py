@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn, cast
 
 from ._core import Core
@@ -58,10 +58,10 @@ class Want:
     key: LockRef
     ttl: float
     max_hold: float | None = None
+    name: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return self.ref.name
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.ref.name)
 
 
 @dataclass(slots=True)
@@ -74,7 +74,8 @@ class _InQueue:
 
 async def acquire_new(core: Core, lock: Want, owner: str, timeout: float | None) -> Lease:
     """A new hold of ``lock`` for ``owner``, within ``timeout`` seconds (None: no limit)."""
-    core.check_accepting()
+    if core.closing or core.closed:
+        core.check_accepting()  # raises: no new hold once the client is closing
     backend = core.backend
     loop = asyncio.get_running_loop()
     started = loop.time()

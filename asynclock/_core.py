@@ -268,8 +268,7 @@ class Core:
 
     def forget(self, lease: Lease) -> None:
         """``lease`` is held no more: stop watching its owner task and its cap, and drop it from the table."""
-        lease._unwatch_owner()
-        lease._uncap()
+        lease._detach()
         self.holds.remove(lease)
 
     def cap(self, lease: Lease, max_hold: float) -> None:
@@ -312,7 +311,7 @@ class Core:
         keeper.remove(lease)
         self.forget(lease)
         lease._mark_released()
-        if lease.owner != current_owner():
+        if lease._bodies() and lease.owner != current_owner():
             lease._cancel_bodies()  # released from another task: the bodies that held it no longer do
         held_s = lease._held_for()
         try:

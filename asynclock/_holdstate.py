@@ -59,7 +59,10 @@ class HoldState:
         "_risk_event",
         "_scopes",
         "_ttl",
+        "hold_count",
+        "name",
         "owner",
+        "token",
     )
 
     def __init__(
@@ -75,7 +78,10 @@ class HoldState:
         on_lost: Callable[[Any, str, LossReason], None],
         releaser: Callable[[Any], Awaitable[None]],
     ) -> None:
+        self.name = ref.name
         self.owner = owner
+        self.token: int | None = None
+        self.hold_count = 1
         self._hold = hold
         self._ttl = ttl
         self._lease_time = lease_time
@@ -209,11 +215,6 @@ class HoldState:
         self._cap = None
         self._lose("max_hold", LossReason.MAX_HOLD)
 
-    def _uncap(self) -> None:
-        if self._cap is not None:
-            self._cap.cancel()
-            self._cap = None
-
     def _cancel_bodies(self) -> None:
         """Cancel every ``async with`` body that runs under this lease."""
         for scope in self._scopes:
@@ -228,7 +229,7 @@ class HoldState:
         return self._hold_until is not None and self._hold_until > now
 
     def _watch_owner(self: H, task: asyncio.Task[Any], on_end: Callable[[H, asyncio.Task[Any]], None]) -> None:
-        """Call ``on_end(self, task)`` if ``task``, the hold's owner, ends before :meth:`_unwatch_owner`."""
+        """Call ``on_end(self, task)`` if ``task``, the hold's owner, ends before :meth:`_detach`."""
         if self._owner_task is task:
             return
         self._owner_task = task
@@ -239,7 +240,11 @@ class HoldState:
         self._owner_task = self._owner_done = None
         on_end(self, task)
 
-    def _unwatch_owner(self) -> None:
+    def _detach(self) -> None:
+        """No longer held by this client: stop watching the owner task and the ``max_hold`` cap."""
+        if self._cap is not None:
+            self._cap.cancel()
+            self._cap = None
         task, done = self._owner_task, self._owner_done
         if task is not None and done is not None:
             self._owner_task = self._owner_done = None

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ._holdstate import HoldState, now
-from ._values import LossReason
 
 if TYPE_CHECKING:
-    from .abc import LockRef
+    pass
 
 __all__ = ["Lease"]
 
@@ -43,35 +41,15 @@ class Lease(HoldState):
             await lock.release()
     """
 
-    __slots__ = ("hold_count", "name", "token")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        *,
-        ref: LockRef,
-        key: LockRef,
-        owner: str,
-        hold: str,
-        ttl: float,
-        lease_time: float,
-        sent_at: float,
-        on_lost: Callable[[Lease, str, LossReason], None],
-        releaser: Callable[[Lease], Awaitable[None]],
-    ) -> None:
-        super().__init__(
-            ref=ref,
-            key=key,
-            hold=hold,
-            ttl=ttl,
-            lease_time=lease_time,
-            sent_at=sent_at,
-            owner=owner,
-            on_lost=on_lost,
-            releaser=releaser,
-        )
-        self.name = ref.name
-        self.token: int | None = None
-        self.hold_count = 1
+    # (set by HoldState.__init__, whose slots they are: one constructor on the acquire's path)
+    #: The lock's name.
+    name: str
+    #: The fencing token: strictly greater than every earlier holder's of this lock (None where the backend has none).
+    token: int | None
+    #: How many times the owner holds it (re-entries); a release at 1 gives it up.
+    hold_count: int
 
     def __repr__(self) -> str:
         state = f"lost: {self._reason}" if self._reason else f"holds={self.hold_count}"

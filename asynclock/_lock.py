@@ -230,7 +230,8 @@ class Lock:
         if not stack:
             del self._scopes[owner]
         lease._remove_body(scope)
-        self._core.body_ended()
+        if self._core.body_left is not None:
+            self._core.body_ended()  # a drain waits for the bodies to end
         lease._check_deadline()  # the watchdog stalled or kept failing
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
         if lease._released and not lease.lost:
@@ -326,7 +327,10 @@ class Acquiring(Coroutine[Any, Any, Lease]):
         return self._coro
 
     def __await__(self) -> Generator[Any, None, Lease]:
-        return self._acquiring().__await__()
+        coro = self._coro
+        if coro is None:
+            coro = self._coro = self._lock._acquire(self._timeout, self._detached)
+        return coro.__await__()
 
     def send(self, value: Any) -> Any:
         return self._acquiring().send(value)
