@@ -66,7 +66,7 @@ async def queued(pg: PostgresHarness, name: str, count: int) -> None:
 async def test_both_url_schemes_reach_the_same_locks(pg: PostgresHarness) -> None:
     a = pg.connect(ttl=TTL)
     b = asynclock.connect(pg.url.replace("postgresql://", "postgres://", 1), ttl=TTL, prefix=pg.prefix)
-    pg._clients.append(b)
+    insides.adopt(pg, b)
     async with a.lock("scheme"):
         with pytest.raises(LockTimeout):
             await b.lock("scheme").acquire(timeout=0)
@@ -77,7 +77,7 @@ async def test_a_given_pool_is_used_and_not_closed(pg: PostgresHarness) -> None:
     pool = await asyncpg.create_pool(pg.server.dsn, min_size=0, max_size=6)
     try:
         locks = asynclock.connect(pool, ttl=TTL, prefix=pg.prefix)
-        pg._clients.append(locks)
+        insides.adopt(pg, locks)
         backend = postgres_backend(locks)
         assert backend.pool is pool
         # half of the pool at most goes to locks, so the application keeps the rest
@@ -129,7 +129,7 @@ async def test_a_given_pools_command_timeout_does_not_cut_lock_waits(pg: Postgre
     pool = await asyncpg.create_pool(pg.server.dsn, min_size=0, max_size=4, command_timeout=scaled(0.2))
     try:
         waiter = asynclock.connect(pool, ttl=TTL, prefix=pg.prefix)
-        pg._clients.append(waiter)
+        insides.adopt(pg, waiter)
         holder = pg.connect(ttl=TTL)
         lock = holder.lock("patient")
         held = await lock.acquire()
