@@ -236,7 +236,7 @@ async def test_aclose_from_inside_a_held_body_still_closes_everything(harness: H
     with pytest.raises(LockLost):
         async with locks.lock("self-closed"):
             await locks.aclose()
-    assert insides.keeper(locks)._task is None
+    assert insides.watchdog_task(insides.keeper(locks)) is None
     async with asyncio.timeout(10 * TTL), other.lock("self-closed"):
         pass
 

@@ -35,6 +35,7 @@ __all__ = [
     "start",
     "stop_renewing",
     "watchdog_heap_size",
+    "watchdog_task",
 ]
 
 
@@ -112,6 +113,11 @@ def on_watchdog_wake(keeper: LeaseKeeper, hook: Callable[[], None]) -> None:
 def watchdog_heap_size(keeper: LeaseKeeper) -> int:
     """How many entries the watchdog's heap of due renewals holds, stale ones included."""
     return len(keeper._heap)
+
+
+def watchdog_task(keeper: LeaseKeeper) -> asyncio.Task[None] | None:
+    """The watchdog's running task (None once it is stopped)."""
+    return keeper._task
 
 
 def bounds_open(deadlines: Deadlines) -> int:
