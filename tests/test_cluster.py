@@ -23,8 +23,8 @@ from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.cluster import ClusterBackend
 from asynclock.testing.conformance import ServerContract
-from tests.harnesses import eventually
-from tests.harnesses.cluster import ClusterHarness, cluster_backend
+from tests.harnesses import eventually, insides, listener_port
+from tests.harnesses.cluster import ClusterHarness, cluster_backend, handovers_listening, shard_of
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.redis_topologies import ClusterSetup
@@ -82,7 +82,7 @@ async def test_renewals_are_one_script_call_per_slot(harness: ClusterHarness, cl
     leases = [await locks.lock(name).acquire() for name in names]
     slots = {backend.cluster.keyslot(backend.lock_key(LockRef("lock", name))) for name in names}
     assert len(slots) > 3, "the names should spread over several slots (and nodes)"
-    items = [RenewItem(LockRef("lock", lease.name), lease._hold, scaled(30)) for lease in leases]
+    items = [RenewItem(LockRef("lock", lease.name), insides.hold_of(lease), scaled(30)) for lease in leases]
     assert await backend.renew(items) == [True] * len(items)  # loads the script on every node
     before = await script_calls(cluster)
     assert await backend.renew(items) == [True] * len(items)
@@ -131,7 +131,7 @@ async def test_a_slot_that_moves_during_a_hold(harness: ClusterHarness, cluster:
     await asyncio.to_thread(cluster.move_slot, slot, target)
     assert cluster.owner_of(slot) is target
     # the renewal meets MOVED and follows the slot; the hold moved with it
-    assert await backend.renew([RenewItem(LockRef("lock", "moving"), lease._hold, scaled(20))]) == [True]
+    assert await backend.renew([RenewItem(LockRef("lock", "moving"), insides.hold_of(lease), scaled(20))]) == [True]
     new_node = aioredis.Redis(host="127.0.0.1", port=target.port)
     try:
         assert await new_node.exists(backend.lock_key(LockRef("lock", "moving"))) == 1
@@ -314,11 +314,11 @@ async def test_a_silently_dead_shard_connection_is_replaced_and_releases_arrive_
             await subscribers(1, scaled(5))
             shards = cluster_backend(waiter).shards
             assert shards is not None
-            shard = next(shard for shard in shards._shards.values() if channel in shard.channels)
+            shard = shard_of(shards, channel)
             arrived: list[bytes] = []
             real = shards.message
             shards.message = lambda channel, payload: (arrived.append(channel), real(channel, payload))[1]  # type: ignore[method-assign]
-            proxy.blackhole_client(shard._conn._writer.get_extra_info("sockname")[1])
+            proxy.blackhole_client(listener_port(shard))
             silenced = loop.time()
             # the dead connection stays subscribed on the server; a new one joins it
             await subscribers(2, ttl)
@@ -364,7 +364,7 @@ async def test_a_refusal_by_the_cluster_is_a_configuration_error(
                 async with asyncio.timeout(scaled(3)):
                     async with locks.election("refused").leadership():
                         pass
-            assert cluster_backend(locks)._handovers.listening == [], "the refused candidate's subscription is let go"
+            assert handovers_listening(locks) == [], "the refused candidate's subscription is let go"
         text = str(caught.value)
         assert f"127.0.0.1:{cluster.servers[0].port}" in text and words in text, text
         assert password not in text and password not in str(refused.value)

@@ -22,7 +22,7 @@ from asynclock.backends.etcd._client import _KV
 from asynclock.backends.etcd._replies import Created, TxnResult, deleted_count
 from asynclock.backends.etcd._wire import Op, range_request, txn_request
 from tests.harnesses import eventually, insides
-from tests.harnesses.etcd import AdminClient, EtcdHarness
+from tests.harnesses.etcd import AdminClient, EtcdHarness, etcd_queue
 from tests.servers import free_port, scaled
 from tests.servers.etcd import EtcdCluster, EtcdServer, TlsFiles, etcdctl, etcdctl_binary
 
@@ -659,11 +659,11 @@ async def test_a_release_finished_later_stops_once_the_lease_is_gone_and_passes_
         etcd = backend(locks)
         lease = await locks.lock("m").acquire()
         old_lease = etcd.lease_id
-        queue = etcd._queue
+        queue = etcd_queue(etcd)
         try:
             etcd_fresh.pause()
             with pytest.raises(BackendUnavailable):
-                await asyncio.wait_for(etcd.release(LockRef("lock", "m"), lease._hold), scaled(5))
+                await asyncio.wait_for(etcd.release(LockRef("lock", "m"), insides.hold_of(lease)), scaled(5))
             assert len(queue.tasks) == 1  # the deletion goes on in the background
             await eventually(lambda: not queue.tasks, scaled(5), "the background deletion ended")
             assert etcd.lease_id != old_lease  # (gone: none yet, etcd being paused)

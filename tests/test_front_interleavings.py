@@ -236,7 +236,7 @@ async def test_aclose_from_inside_a_held_body_still_closes_everything(harness: H
     with pytest.raises(LockLost):
         async with locks.lock("self-closed"):
             await locks.aclose()
-    assert insides.keeper(locks)._task is None
+    assert insides.watchdog_task(insides.keeper(locks)) is None
     async with asyncio.timeout(10 * TTL), other.lock("self-closed"):
         pass
 
@@ -389,18 +389,16 @@ async def test_the_watchdog_sleeps_through_acquires_and_releases_in_turn_and_sti
         keeper = insides.keeper(locks)
         assert keeper is not None
         wakes = 0
-        set_event = keeper._changed.set
 
         def counted() -> None:
             nonlocal wakes
             wakes += 1
-            set_event()
 
-        keeper._changed.set = counted  # type: ignore[method-assign]
+        insides.on_watchdog_wake(keeper, counted)
         for _ in range(500):
             await lock.acquire()
             await lock.release()
-            assert len(keeper._heap) <= 70  # compacted past twice the live leases + 64
+            assert insides.watchdog_heap_size(keeper) <= 70  # compacted past twice the live leases + 64
         assert wakes <= 1, f"the watchdog was woken {wakes} times by 500 acquires"
         # Held past several ttls, while stale entries of longer leases sit in the heap.
         short = locks.lock("short", ttl=TTL / 2)

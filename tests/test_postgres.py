@@ -20,7 +20,15 @@ import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.backends.postgres import FLOOR, PARK_TIME, PostgresBackend, advisory_key
 from tests.harnesses import insides
-from tests.harnesses.postgres import PostgresHarness, postgres_backend, tokens_from, unsigned
+from tests.harnesses.postgres import (
+    PostgresHarness,
+    pg_listener,
+    pg_running,
+    postgres_backend,
+    share_key,
+    tokens_from,
+    unsigned,
+)
 from tests.servers import free_port, scaled
 from tests.servers.postgres import PostgresServer
 
@@ -66,7 +74,7 @@ async def queued(pg: PostgresHarness, name: str, count: int) -> None:
 async def test_both_url_schemes_reach_the_same_locks(pg: PostgresHarness) -> None:
     a = pg.connect(ttl=TTL)
     b = asynclock.connect(pg.url.replace("postgresql://", "postgres://", 1), ttl=TTL, prefix=pg.prefix)
-    pg._clients.append(b)
+    insides.adopt(pg, b)
     async with a.lock("scheme"):
         with pytest.raises(LockTimeout):
             await b.lock("scheme").acquire(timeout=0)
@@ -77,7 +85,7 @@ async def test_a_given_pool_is_used_and_not_closed(pg: PostgresHarness) -> None:
     pool = await asyncpg.create_pool(pg.server.dsn, min_size=0, max_size=6)
     try:
         locks = asynclock.connect(pool, ttl=TTL, prefix=pg.prefix)
-        pg._clients.append(locks)
+        insides.adopt(pg, locks)
         backend = postgres_backend(locks)
         assert backend.pool is pool
         # half of the pool at most goes to locks, so the application keeps the rest
@@ -129,7 +137,7 @@ async def test_a_given_pools_command_timeout_does_not_cut_lock_waits(pg: Postgre
     pool = await asyncpg.create_pool(pg.server.dsn, min_size=0, max_size=4, command_timeout=scaled(0.2))
     try:
         waiter = asynclock.connect(pool, ttl=TTL, prefix=pg.prefix)
-        pg._clients.append(waiter)
+        insides.adopt(pg, waiter)
         holder = pg.connect(ttl=TTL)
         lock = holder.lock("patient")
         held = await lock.acquire()
@@ -496,7 +504,7 @@ async def test_a_release_tells_one_waiter_to_try(pg: PostgresHarness) -> None:
     waiters = [pg.connect(ttl=TTL) for _ in range(2)]
     told: list[str] = []
     for locks in waiters:
-        listener = postgres_backend(locks)._listener
+        listener = pg_listener(locks)
         real = listener.on_message
 
         def counting(payload: str, real: Callable[[str], None] = real) -> None:
@@ -529,7 +537,7 @@ async def test_a_waiters_listening_session_ends_and_it_queues_again(pg: Postgres
     held = await holder.lock("relisten").acquire()
     task = asyncio.create_task(waiter.lock("relisten").acquire(timeout=scaled(10)))
     await queued(pg, "relisten", 1)
-    listener = postgres_backend(waiter)._listener
+    listener = pg_listener(waiter)
     first = listener.incarnation
     await (await pg.admin()).fetchval("SELECT pg_terminate_backend($1)", listener.conn.get_server_pid())
 
@@ -608,8 +616,7 @@ async def test_colliding_names_keep_mutual_exclusion_and_their_own_tokens(pg: Po
     shared = advisory_key(pg.prefix, "collision")
     for locks in clients:
         # force "left" and "right" onto one advisory key; every other name keeps its own
-        real = postgres_backend(locks)._key_of
-        postgres_backend(locks)._key_of = lambda name, real=real: shared if name in ("left", "right") else real(name)
+        share_key(locks, ("left", "right"), shared)
     assert clients[0].lock("left").key == clients[0].lock("right").key
 
     inside = {"left": 0, "right": 0}
@@ -1030,7 +1037,7 @@ async def test_a_session_ended_between_a_statements_prepare_and_its_run_is_unava
     locks = pg.connect(ttl=TTL)
     async with locks.lock("warm"):
         pass
-    running = postgres_backend(locks)._running
+    running = pg_running(locks)
     assert running is not None
 
     class EndsAfterPrepare(asyncpg.Connection):  # type: ignore[misc]

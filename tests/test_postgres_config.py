@@ -22,6 +22,7 @@ import pytest
 import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.backends.postgres import gate_key, permits_key
+from tests.harnesses import insides
 from tests.harnesses.postgres import HELD_SQL, PostgresHarness, password_role, unsigned
 from tests.servers import free_port, scaled
 from tests.servers.postgres import PostgresServer
@@ -79,7 +80,7 @@ async def test_a_refused_password_is_a_configuration_error_that_names_no_passwor
         asynclock.connect(url_as(pg, user, wrong), ttl=TTL),
         asynclock.connect(url_as(pg, user), ttl=TTL, password=wrong),
     ):
-        pg._clients.append(locks)
+        insides.adopt(pg, locks)
         error = await refused(locks)
         text = str(error)
         assert f"127.0.0.1:{pg.server.port}" in text
@@ -90,7 +91,7 @@ async def test_a_refused_password_is_a_configuration_error_that_names_no_passwor
     assert not any(wrong in record.getMessage() for record in logs.records)
     # the right password gets in (so what was refused was the password)
     good = asynclock.connect(url_as(pg, user, password), ttl=TTL, prefix=pg.prefix)
-    pg._clients.append(good)
+    insides.adopt(pg, good)
     await (await pg.admin()).execute(f"GRANT CREATE ON SCHEMA public TO {user}")
     async with good.lock("x") as lease:
         assert isinstance(lease.token, int)
@@ -99,7 +100,7 @@ async def test_a_refused_password_is_a_configuration_error_that_names_no_passwor
 async def test_a_missing_role_or_database_is_a_configuration_error(pg: PostgresHarness) -> None:
     no_role = asynclock.connect(url_as(pg, f"{pg.prefix}_nobody"), ttl=TTL)
     no_db = asynclock.connect(url_as(pg, pg.server.user, database=f"{pg.prefix}_nowhere"), ttl=TTL)
-    pg._clients += [no_role, no_db]
+    insides.adopt(pg, no_role, no_db)
     assert f'role "{pg.prefix}_nobody" does not exist' in str(await refused(no_role))
     error = await refused(no_db)
     assert f'database "{pg.prefix}_nowhere" does not exist' in str(error)
@@ -112,7 +113,7 @@ async def test_permission_denied_on_the_fence_table_is_raised_at_once_and_leaves
     user, password = role
     # PostgreSQL 15 gives PUBLIC no CREATE on schema public: the table cannot be made.
     limited = asynclock.connect(url_as(pg, user, password), ttl=TTL, prefix=pg.prefix)
-    pg._clients.append(limited)
+    insides.adopt(pg, limited)
     error = await refused(limited)
     assert "permission denied for schema public" in str(error)
     assert f"{pg.prefix}_fence" in str(error)  # the hint names the table
@@ -139,7 +140,7 @@ async def test_an_unknown_server_setting_or_a_bad_connection_setting_is_a_config
     # (a name that is no typo of an option goes to the server as a setting, as asyncpg does)
     unknown = asynclock.connect(f"{pg.url}?no_such_setting=1", ttl=TTL, prefix=pg.prefix)
     bad_mode = asynclock.connect(f"{pg.url}?sslmode=sometimes", ttl=TTL, prefix=pg.prefix)
-    pg._clients += [unknown, bad_mode]
+    insides.adopt(pg, unknown, bad_mode)
     assert 'unrecognized configuration parameter "no_such_setting"' in str(await refused(unknown))
     assert "sslmode" in str(await refused(bad_mode))
     # real settings pass

@@ -21,6 +21,7 @@ import pytest
 import asynclock
 from asynclock import ConfigurationError, LockLost
 from asynclock.backends.postgres import FLOOR, election_key
+from tests.harnesses import insides
 from tests.harnesses.postgres import PostgresHarness, password_role, tokens_from
 from tests.servers import scaled
 from tests.servers.postgres import PostgresServer
@@ -218,7 +219,7 @@ async def test_a_role_that_may_not_create_or_write_the_leaders_table_gets_a_conf
     limited = asynclock.connect(
         f"postgresql://{user}:{password}@127.0.0.1:{pg.server.port}/postgres", ttl=LONG_TTL, prefix=pg.prefix
     )
-    pg._clients.append(limited)
+    insides.adopt(pg, limited)
     async with limited.lock("x") as lease:  # (locks need nothing more)
         assert lease.token is not None
     election = limited.election("e", identity="limited")

@@ -26,6 +26,7 @@ import asynclock
 from asynclock import LockTimeout
 from asynclock.backends.postgres import advisory_key, gate_key, rw_key
 from tests.child import ChildProcess, children
+from tests.harnesses import insides
 from tests.harnesses.postgres import PostgresHarness, postgres_backend, tokens_from, unsigned
 from tests.servers import scaled
 from tests.servers.postgres import PostgresServer
@@ -543,7 +544,7 @@ async def test_waits_on_a_given_pools_connections_leave_them_clean(pg: PostgresH
     pool = await asyncpg.create_pool(pg.server.dsn, min_size=0, max_size=8, reset=_keep_state)
     try:
         locks = asynclock.connect(pool, ttl=TTL, prefix=pg.prefix)
-        pg._clients.append(locks)
+        insides.adopt(pg, locks)
         other = pg.connect(ttl=TTL)
         for make in (
             lambda c: c.lock("g", fair=True),

@@ -17,7 +17,15 @@ import asynclock
 from asynclock import LockLost, LockTimeout
 from asynclock.abc import RenewItem
 from tests.conftest import make_harness
-from tests.harnesses import Harness, eventually, handovers_dropped, insides
+from tests.harnesses import (
+    Harness,
+    drop_memory_holder,
+    eventually,
+    handovers_dropped,
+    insides,
+    redis_exclusive,
+    redis_shared,
+)
 from tests.servers import scaled
 from tests.test_primitives import FAIR_IS_PLAIN
 
@@ -171,16 +179,12 @@ async def test_losing_one_permit_keeps_the_clients_other_permits(harness: Harnes
     await eventually(lambda: len(leases) >= 3, scaled(5), "3 holders")
     victim = leases[0]
     if harness.kind == "memory":
-        from asynclock.backends import memory
-
-        key = memory._queue_key(harness.prefix, "semaphore", "loss")
-        with memory._QUEUES._mutex:
-            del memory._QUEUES._resources[key].holders[victim._hold]
+        drop_memory_holder(harness.prefix, "semaphore", "loss", insides.hold_of(victim))
     else:
         admin = harness.admin  # type: ignore[attr-defined]
         base = f"{harness.prefix}:{{loss}}:sem"
-        assert await admin.zrem(base, victim._hold) == 1
-        await admin.hdel(f"{base}:data", victim._hold)
+        assert await admin.zrem(base, insides.hold_of(victim)) == 1
+        await admin.hdel(f"{base}:data", insides.hold_of(victim))
     await asyncio.wait_for(victim.wait_lost(), scaled(5))
     await asyncio.sleep(2 * TTL)  # several renewals of the others
     assert not leases[1].lost and not leases[2].lost
@@ -627,8 +631,7 @@ async def test_cancelled_right_after_the_server_queued_or_polled_leaves_the_queu
 
     victim_lock = _shaped(cancelled, kind, "applied")
     await insides.start(cancelled)
-    backend: Any = cancelled.backend
-    victim = backend._exclusive if kind == "fair" else backend._shared
+    victim = redis_exclusive(cancelled) if kind == "fair" else redis_shared(cancelled)
     monkeypatch.setattr(queue, "enter", enter)
     task = asyncio.create_task(victim_lock.acquire())
     await asyncio.wait_for(applied.wait(), scaled(5))

@@ -30,7 +30,20 @@ from asynclock.backends.redis._pubsub import listening_connection
 from asynclock.backends.redis._renew import RENEW_CHUNK
 from asynclock.backends.redis._shared import QueuedResource
 from asynclock.backends.redis.sentinel import _Sentinels
-from tests.harnesses import eventually, insides, redis_backend
+from tests.harnesses import (
+    eventually,
+    handover_channel,
+    has_connection,
+    insides,
+    listener_port,
+    listening,
+    redis_backend,
+    redis_exclusive,
+    redis_listener,
+    route,
+    routed,
+    set_route,
+)
 from tests.servers import RedisServer, free_port, scaled
 from tests.servers.proxy import TcpProxy
 from tests.test_primitives import queued
@@ -233,7 +246,7 @@ async def test_waiters_survive_a_server_restart(redis_fresh: RedisServer) -> Non
 async def test_only_one_local_waiter_is_woken_per_release(redis_server: RedisServer) -> None:
     async with asynclock.connect(redis_server.url, ttl=scaled(5), prefix="herd") as locks:
         await insides.start(locks)
-        plain = redis_backend(locks)._exclusive  # what answers the plain lock's requests
+        plain = redis_exclusive(locks)  # what answers the plain lock's requests
         requests = 0
         original = plain.enter
 
@@ -651,24 +664,23 @@ async def test_a_silently_dead_pubsub_connection_is_replaced_and_hand_overs_arri
 
             waiting = asyncio.create_task(hold())
             await queued(lock, 1)
-            backend = redis_backend(waiter)
-            listener = backend._pubsub
-            assert listener._conn is not None
-            channel = backend._handovers.channel.encode()
+            listener = redis_listener(waiter)
+            assert has_connection(listener)
+            channel = handover_channel(waiter)
             arrived: list[bytes] = []  # hand-over messages that reach the waiter's client
-            on_message, on_resync = listener._routes[channel]
+            on_message, on_resync = route(listener, channel)
 
             def record(payload: bytes) -> None:
                 arrived.append(payload)
                 on_message(payload)
 
-            listener._routes[channel] = (record, on_resync)
+            set_route(listener, channel, record, on_resync)
             before = listener.reconnects
-            proxy.blackhole_client(listener._conn._writer.get_extra_info("sockname")[1])
+            proxy.blackhole_client(listener_port(listener))
             silenced = loop.time()
             await eventually(lambda: listener.reconnects > before, ttl, "the listener to notice the dead connection")
             assert loop.time() - silenced <= ttl / 3 + scaled(0.5)
-            await eventually(lambda: listener._connected.is_set(), scaled(5), "the listener to connect again")
+            await eventually(lambda: listening(listener), scaled(5), "the listener to connect again")
             await lock.release()
             released = loop.time()
             await eventually(lambda: bool(arrived), ttl / 4, "the hand-over message to arrive")
@@ -783,15 +795,15 @@ async def test_an_observer_reads_again_after_its_pubsub_connection_is_made_again
         async with election.leadership() as term:
             seen = await asyncio.wait_for(anext(changes), scaled(5))
             assert seen == asynclock.Leader("a", term.token, None)
-            listener = redis_backend(watcher)._pubsub
+            listener = redis_listener(watcher)
             channel = election.key.encode()
-            on_message, on_resync = listener._routes[channel]
+            on_message, on_resync = route(listener, channel)
             missed: list[bytes] = []
-            listener._routes[channel] = (missed.append, on_resync)  # as if published while it reconnected
+            set_route(listener, channel, missed.append, on_resync)  # as if published while it reconnected
         async with asyncio.timeout(scaled(5)):
             while not missed:
                 await asyncio.sleep(0.01)
-        listener._routes[channel] = (on_message, on_resync)
+        set_route(listener, channel, on_message, on_resync)
         looking = asyncio.create_task(anext(changes))
         await asyncio.sleep(scaled(0.2))
         assert not looking.done(), "the observer did not hear of the resign"
@@ -800,7 +812,7 @@ async def test_an_observer_reads_again_after_its_pubsub_connection_is_made_again
         assert await asyncio.wait_for(looking, scaled(5)) is None
         assert listener.reconnects > before
         await changes.aclose()  # type: ignore[attr-defined]
-        assert channel not in listener._routes, "the last observer gone, its election's messages are dropped"
+        assert not routed(listener, channel), "the last observer gone, its election's messages are dropped"
 
 
 async def test_an_observer_of_a_server_that_goes_silent_ends_unavailable(redis_fresh: RedisServer) -> None:

@@ -20,10 +20,14 @@ from asynclock._timing import drift
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.redis import RedisBackend
 from asynclock.backends.redis._connection import ms
-from asynclock.backends.redis._exclusive import ExclusiveLock
-from asynclock.backends.redis._shared import QueuedResource
 from tests.child import ChildProcess, children
-from tests.harnesses import RedisHarness, handovers_dropped, redis_backend
+from tests.harnesses import (
+    RedisHarness,
+    handovers_dropped,
+    redis_exclusive,
+    redis_listener,
+    redis_shared,
+)
 from tests.servers import RedisServer, scaled
 from tests.servers.redis_topologies import SentinelSetup
 from tests.test_primitives import Holder
@@ -108,16 +112,6 @@ async def commandstats(admin: aioredis.Redis) -> dict[str, int]:
     return {key.removeprefix("cmdstat_"): int(value["calls"]) for key, value in stats.items()}
 
 
-def resource(locks: asynclock.Locks) -> QueuedResource:
-    """What answers the read-write lock's and the semaphore's requests on the server."""
-    return redis_backend(locks)._shared
-
-
-def exclusive(locks: asynclock.Locks) -> ExclusiveLock:
-    """What answers the plain and the fair lock's requests on the server."""
-    return redis_backend(locks)._exclusive
-
-
 async def queue_entries(admin: aioredis.Redis, lock: asynclock.Lock) -> dict[str, int]:
     """The plain or fair lock's queue: each queued hold and its entry's server-time deadline (ms)."""
     entries = await admin.lrange(f"{lock.key}:q", 0, -1)
@@ -193,7 +187,7 @@ async def test_hand_over_lands_after_the_waiters_pubsub_connection_was_killed(
     await lock.acquire()
     waiting = Holder(waiter.lock("cut", fair=True))
     await waiters(lock, 1)
-    listener = redis_backend(waiter)._pubsub
+    listener = redis_listener(waiter)
     before = listener.reconnects
     await admin.client_kill_filter(_type="pubsub")
     await lock.release()  # published while the waiter's client may not listen
@@ -250,7 +244,7 @@ async def test_queue_entries_expire_by_the_servers_clock(fresh: RedisHarness, ad
     lock = holder.lock("ghost", fair=True)
     await lock.acquire()
     # A waiter that queues once and never polls again.
-    entered = await exclusive(holder).enter(LockRef("fair", "ghost"), "ghost-hold", TTL, enqueue=True, fresh=True)
+    entered = await redis_exclusive(holder).enter(LockRef("fair", "ghost"), "ghost-hold", TTL, enqueue=True, fresh=True)
     assert entered.token is None
     seconds, micros = await admin.time()
     deadline_ms = (await queue_entries(admin, lock))["ghost-hold"]
@@ -429,7 +423,7 @@ async def test_cancellation_at_random_points_leaves_no_entries_or_holds(fresh: R
 async def test_renewal_of_many_holds_is_one_script_call(fresh: RedisHarness, admin: aioredis.Redis) -> None:
     locks = fresh.connect(ttl=TTL)
     sem = locks.semaphore("many", permits=50)
-    queued = resource(locks)
+    queued = redis_shared(locks)
     ref = LockRef("semaphore", "many", 50)
 
     holds = []

@@ -20,8 +20,8 @@ import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.redlock import RedlockBackend, quorum
-from tests.harnesses import eventually
-from tests.harnesses.redlock import RedlockHarness, redlock_backend
+from tests.harnesses import eventually, insides, listener_port
+from tests.harnesses.redlock import RedlockHarness, redlock_backend, spy_releases
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.redis_topologies import RedisNodes
@@ -274,7 +274,7 @@ async def test_renewal_needs_a_majority_of_yes(harness: RedlockHarness, nodes: R
     locks = harness.connect(ttl=TTL)
     lease = await locks.lock("renew").acquire()
     backend = redlock_backend(locks)
-    item = RenewItem(LockRef("lock", "renew"), lease._hold, TTL)
+    item = RenewItem(LockRef("lock", "renew"), insides.hold_of(lease), TTL)
     assert await backend.renew([item]) == [True]
     # two nodes lose the key: three of five still renew it
     for admin in harness.admins[:2]:
@@ -286,7 +286,7 @@ async def test_renewal_needs_a_majority_of_yes(harness: RedlockHarness, nodes: R
     await asyncio.wait_for(lease.wait_lost(), scaled(5))
     # two unreachable and two "not yours": undecided, an error the watchdog retries
     lease = await locks.lock("renew2").acquire()
-    item = RenewItem(LockRef("lock", "renew2"), lease._hold, TTL)
+    item = RenewItem(LockRef("lock", "renew2"), insides.hold_of(lease), TTL)
     nodes[0].kill()
     nodes[1].kill()
     for admin in harness.admins[2:4]:
@@ -338,14 +338,10 @@ async def test_silently_dead_listener_connections_are_replaced_and_releases_arri
             await subscribed(1)
             listeners = backend.listeners
             arrived: list[bytes] = []
-            releases = backend._releases
-            assert releases is not None
-            wake = releases.wake
-            real = wake.released
-            wake.released = lambda name, hold: (arrived.append(hold), real(name, hold))[1]  # type: ignore[method-assign]
+            spy_releases(backend, lambda name, hold: arrived.append(hold))
             before = [listener.reconnects for listener in listeners]
             for listener, proxy in zip(listeners, proxies, strict=True):
-                proxy.blackhole_client(listener._conn._writer.get_extra_info("sockname")[1])
+                proxy.blackhole_client(listener_port(listener))
             silenced = loop.time()
             await eventually(
                 lambda: all(listener.reconnects > count for listener, count in zip(listeners, before, strict=True)),

@@ -21,7 +21,7 @@ from asynclock import BackendUnavailable, ConfigurationError, LockLost, LockTime
 from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.sentinel import SentinelBackend
 from asynclock.testing.conformance import ServerContract
-from tests.harnesses import RedisHarness
+from tests.harnesses import RedisHarness, add_idle_connection, insides
 from tests.servers import scaled
 from tests.servers.redis_topologies import SentinelSetup
 
@@ -230,7 +230,7 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
         finally:
             await admin.aclose()
 
-        item = RenewItem(LockRef("lock", "ro"), lease._hold, ttl)
+        item = RenewItem(LockRef("lock", "ro"), insides.hold_of(lease), ttl)
         # the Sentinel client on a connection that still points at the demoted
         # primary: the renewal is lost, not a success, and the next request
         # follows the sentinels to the real primary
@@ -240,9 +240,7 @@ async def test_readonly_from_a_demoted_primary_counts_as_loss(setup: SentinelSet
             """The next request of the lock (on its own connections) goes to the old primary."""
             stale = backend.client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
             await stale.connect_to(("127.0.0.1", old_port))
-            lanes: Any = backend.connection._lanes
-            lanes._free.append(stale)
-            lanes._open += 1
+            add_idle_connection(backend.connection, stale)
             return stale
 
         stale = await stale_connection()

@@ -37,7 +37,7 @@ async def mem() -> AsyncIterator[MemoryHarness]:
     async with harness:
         yield harness
         # a job's lock outlives its client until at_least has passed: wait for that, bounded
-        for locks in harness._clients:
+        for locks in insides.clients_of(harness):
             await locks.aclose()
         async with asyncio.timeout(scaled(5)):
             while await harness.leftovers():

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from asynclock._timing import Backoff, Deadlines
+from tests.harnesses import insides
 
 pytestmark = pytest.mark.anyio
 
@@ -25,7 +26,7 @@ async def test_a_block_past_its_deadline_raises_timeout_and_one_in_time_does_not
             await asyncio.sleep(0)
     with deadlines.bound(None):
         await asyncio.sleep(0)
-    assert not deadlines._bounds
+    assert not insides.bounds_open(deadlines)
 
 
 async def test_each_block_keeps_its_own_deadline_among_many() -> None:
@@ -65,7 +66,7 @@ async def test_a_cancellation_from_outside_is_not_turned_into_a_timeout() -> Non
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not deadlines._bounds
+    assert not insides.bounds_open(deadlines)
 
 
 async def test_a_stream_of_requests_that_end_in_time_arms_one_timer() -> None:
@@ -73,12 +74,12 @@ async def test_a_stream_of_requests_that_end_in_time_arms_one_timer() -> None:
     loop = asyncio.get_running_loop()
     with deadlines.bound(loop.time() + 5):
         await asyncio.sleep(0)
-    timer = deadlines._timer
+    timer = insides.armed_timer(deadlines)
     assert timer is not None
     for _ in range(200):
         with deadlines.bound(loop.time() + 5):
             await asyncio.sleep(0)
-    assert deadlines._timer is timer and not timer.cancelled()  # the first one, never armed again
+    assert insides.armed_timer(deadlines) is timer and not timer.cancelled()  # the first one, never armed again
 
 
 def test_backoff_doubles_up_to_its_cap_and_starts_over() -> None:

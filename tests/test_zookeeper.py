@@ -47,8 +47,8 @@ from asynclock.backends.zookeeper._wire import (
     delete_request,
     exists_request,
 )
-from tests.harnesses import eventually
-from tests.harnesses.zookeeper import ZooKeeperHarness
+from tests.harnesses import eventually, insides
+from tests.harnesses.zookeeper import ZooKeeperHarness, connect_next_to, connected_host, hold_node, spy_sends, zk_nodes
 from tests.servers import scaled
 from tests.servers.proxy import TcpProxy
 from tests.servers.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, four_letter
@@ -199,7 +199,7 @@ async def test_foreign_contenders_count_by_sequence_number(zk: ZooKeeperHarness)
     lock = locks.lock("foreign")
     admin = await zk.admin()
     await locks.__aenter__()
-    await backend_of(locks)._nodes.ensure_parents(lock.key)
+    await zk_nodes(backend_of(locks)).ensure_parents(lock.key)
     reply = await admin.session.call(
         protocol.Create2Request(
             path=f"{lock.key}/{uuid.uuid4().hex}__lock__",
@@ -371,13 +371,11 @@ async def test_a_free_lock_costs_create_pipelined_children_and_delete(zk: ZooKee
     session = backend_of(locks).session
     names = {15: "create2", 8: "getChildren", 3: "exists", 4: "getData", 2: "delete"}
     sent: list[tuple[str, bool]] = []
-    original = session._send
 
-    def spy(conn: Any, request: Any, path: str, watch: Any = None) -> asyncio.Future[Any]:
+    def record(conn: Any, request: Any, path: str) -> None:
         sent.append((names.get(int(request.opcode), str(request.opcode)), bool(conn.pending)))
-        return original(conn, request, path, watch)
 
-    session._send = spy  # type: ignore[method-assign]
+    spy_sends(session, record)
     lease = await lock.acquire()
     # the children were asked for before the create was answered
     assert sent == [("create2", False), ("getChildren", True)]
@@ -415,21 +413,11 @@ async def test_the_next_in_line_takes_over_on_the_deletion_event_without_reading
     await asyncio.sleep(0.1)  # both have read the queue and set their watch
     sent: list[tuple[str, int]] = []
     for who, client in (("waiter", waiter), ("third", third)):
-        session = backend_of(client).session
-        original = session._send
 
-        def spy(
-            conn: Any,
-            request: Any,
-            path: str,
-            watch: Any = None,
-            who: str = who,
-            original: Callable[..., asyncio.Future[Any]] = original,
-        ) -> asyncio.Future[Any]:
+        def record(conn: Any, request: Any, path: str, who: str = who) -> None:
             sent.append((who, int(request.opcode)))
-            return original(conn, request, path, watch)
 
-        session._send = spy  # type: ignore[method-assign]
+        spy_sends(backend_of(client).session, record)
     await holder.lock("next").release()
     token, lost = await asyncio.wait_for(waiting, scaled(5))
     assert token is not None and not lost
@@ -459,7 +447,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
     session = backend.session
     admin = await zk.admin()
     key = backend.lock_key(LockRef("lock", "lost-create"))
-    await backend._nodes.ensure_parents(key)
+    await zk_nodes(backend).ensure_parents(key)
     # the create went through, its answer never came: one node, ours
     node = Node("lost-create", "h-1", key, str(uuid.uuid4()))
     reply = await session.call(
@@ -471,7 +459,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
         )
     )
     node.uncertain, node.session = True, session.session_id
-    await backend._nodes.create(node, None)
+    await zk_nodes(backend).create(node, None)
     assert node.path == reply.path and node.czxid == reply.stat.created_zxid
     assert await admin.contenders(key) == [reply.path]
     # a node with our GUID owned by another session is not adopted (and is removed)
@@ -485,7 +473,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_guid(zk: ZooKeeper
         )
     )
     other.uncertain, other.session = True, session.session_id
-    await backend._nodes.create(other, None)
+    await zk_nodes(backend).create(other, None)
     assert other.path != stray.path
     assert await admin.contenders(key) == [reply.path, other.path]
     await admin.delete(str(reply.path))
@@ -535,7 +523,7 @@ async def test_an_acquire_cancelled_while_its_create_is_on_the_wire_leaves_no_no
     async with locks:
         lock = locks.lock("cancel-create")
         await lock.info()  # connected
-        await backend_of(locks)._nodes.ensure_parents(lock.key)
+        await zk_nodes(backend_of(locks)).ensure_parents(lock.key)
         admin = await zk.admin()
         proxy.delay(0.3)  # every answer comes late: the create lands, its answer is on the way
         task = asyncio.create_task(lock.acquire())
@@ -829,7 +817,7 @@ async def test_a_release_that_cannot_reach_the_server_is_bounded_and_finished_la
         proxy.reset()
         await eventually(lambda: not session.connected, scaled(2), "disconnect noticed")
         with pytest.raises(BackendUnavailable):
-            await asyncio.wait_for(backend.release(LockRef("lock", "finish"), lease._hold), scaled(5))
+            await asyncio.wait_for(backend.release(LockRef("lock", "finish"), insides.hold_of(lease)), scaled(5))
         admin = await zk.admin()
         assert len(await admin.contenders(lock.key)) == 1
         proxy.refuse(False)
@@ -858,14 +846,14 @@ async def test_a_release_finished_later_stops_once_its_session_expired_without_a
         lock = locks.lock("moot")
         lease = await lock.acquire()
         sid = session.session_id
-        node = backend._holds.get(lease._hold)
+        node = hold_node(backend, insides.hold_of(lease))
         assert node is not None and node.path is not None
         proxy.refuse(True)
         proxy.reset()
         await eventually(lambda: not session.connected, scaled(2), "disconnect noticed")
         with pytest.raises(BackendUnavailable):
-            await asyncio.wait_for(backend.release(LockRef("lock", "moot"), lease._hold), scaled(5))
-        assert len(backend._nodes.tasks) == 1  # the deletion goes on in the background
+            await asyncio.wait_for(backend.release(LockRef("lock", "moot"), insides.hold_of(lease)), scaled(5))
+        assert len(zk_nodes(backend).tasks) == 1  # the deletion goes on in the background
         admin = await zk.admin()
 
         async def expired() -> bool:
@@ -875,18 +863,16 @@ async def test_a_release_finished_later_stops_once_its_session_expired_without_a
         finisher = node.finisher
         assert finisher is not None and not finisher.done()
         sent: list[tuple[int, str]] = []
-        original = session._send
 
-        def spy(conn: Any, request: Any, path: str, watch: Any = None) -> asyncio.Future[Any]:
+        def record(conn: Any, request: Any, path: str) -> None:
             if asyncio.current_task() is finisher:
                 sent.append((int(request.opcode), path))
-            return original(conn, request, path, watch)
 
-        session._send = spy  # type: ignore[method-assign]
+        spy_sends(session, record)
         proxy.refuse(False)
         await eventually(lambda: session.connected and session.session_id not in (0, sid), scaled(5), "a new session")
-        await eventually(lambda: not backend._nodes.tasks, scaled(5), "the background deletion ended")
-        assert backend._holds.get(lease._hold) is None
+        await eventually(lambda: not zk_nodes(backend).tasks, scaled(5), "the background deletion ended")
+        assert hold_node(backend, insides.hold_of(lease)) is None
         assert sent == []
         await asyncio.wait_for(lease.wait_lost(), scaled(5))
         async with locks.lock("after"):  # the new session serves
@@ -1033,7 +1019,7 @@ async def _contend_through(ensemble: ZooKeeperEnsemble, fault: Any, heal: Any) -
     for index in range(3):
         locks = asynclock.connect(ensemble.url, ttl=session_timeout, prefix="ens")
         target = leader if index == 0 else hosts[index % len(hosts)]
-        backend_of(locks).session._servers.next = hosts.index(target)
+        connect_next_to(backend_of(locks).session, hosts.index(target))
         clients.append(locks)
     inside = 0
     overlaps = 0
@@ -1060,7 +1046,7 @@ async def _contend_through(ensemble: ZooKeeperEnsemble, fault: Any, heal: Any) -
     for locks in clients:
         await locks.__aenter__()
     on_leader = backend_of(clients[0]).session
-    assert on_leader._conn is not None and on_leader._conn.host == leader.hostport
+    assert connected_host(on_leader) == leader.hostport
     sessions = [backend_of(locks).session.session_id for locks in clients]
     # one lock is held across the fault by the client on the leader, two others queue for it
     let_go = asyncio.Event()

@@ -24,6 +24,7 @@ import asynclock
 from asynclock import BackendUnavailable, ConfigurationError, LockTimeout
 from asynclock.backends.zookeeper import ZooKeeperBackend
 from tests.faults import hygiene
+from tests.harnesses import insides
 from tests.harnesses.zookeeper import AdminClient, ZooKeeperHarness
 from tests.servers import free_port, scaled
 from tests.servers.zookeeper import ZooKeeperServer
@@ -154,7 +155,7 @@ async def test_a_chroot_that_does_not_exist_is_a_configuration_error(zk: ZooKeep
 
 def zk_client(zk: ZooKeeperHarness, chroot: str, userinfo: str = "", **options: object) -> asynclock.Locks:
     locks = asynclock.connect(f"zk://{userinfo}{zk.hosts}{chroot}", ttl=TTL, prefix=zk.prefix, **options)
-    zk._clients.append(locks)
+    insides.adopt(zk, locks)
     return locks
 
 
@@ -203,7 +204,7 @@ async def test_a_chroot_whose_acl_refuses_the_client_is_a_configuration_error(
 async def test_the_ttl_follows_a_given_session_timeout(zk: ZooKeeperHarness) -> None:
     session = scaled(0.8)
     locks = asynclock.connect(f"{zk.url}?session_timeout={session}", prefix=zk.prefix)
-    zk._clients.append(locks)
+    insides.adopt(zk, locks)
     assert locks.ttl == session and backend_of(locks).session.requested_timeout == session
     async with locks.lock("follows") as lease:
         await asyncio.sleep(3 * session)  # renewed (the session's heartbeat) all along
@@ -224,7 +225,7 @@ async def test_every_ttl_and_session_timeout_works_or_is_refused_at_connect(zk: 
     async def holds(index: int, options: dict[str, float], query: dict[str, float], ttl: float, asked: float) -> None:
         url = zk.url + ("?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else "")
         locks = asynclock.connect(url, prefix=zk.prefix, **options)
-        zk._clients.append(locks)
+        insides.adopt(zk, locks)
         assert (locks.ttl, backend_of(locks).session.requested_timeout) == (ttl, asked)
         if ttl < 5:
             async with locks.lock(f"combination-{index}") as lease:

@@ -12,6 +12,11 @@ import redis.asyncio as aioredis
 import asynclock
 from asynclock.backends import memory
 from asynclock.backends.redis import RedisBackend
+from asynclock.backends.redis._connection import Connection
+from asynclock.backends.redis._exclusive import ExclusiveLock
+from asynclock.backends.redis._pubsub import OnMessage, OnResync, PubSub
+from asynclock.backends.redis._shards import Shard
+from asynclock.backends.redis._shared import QueuedResource
 from asynclock.testing import conformance
 from tests.servers import RedisServer
 
@@ -107,20 +112,86 @@ def redis_backend(locks: asynclock.Locks) -> RedisBackend:
     return backend
 
 
+def redis_listener(locks: asynclock.Locks) -> PubSub:
+    """The Redis client's pub/sub connection, shared by all its listeners."""
+    return redis_backend(locks)._pubsub
+
+
+def handover_channel(locks: asynclock.Locks) -> bytes:
+    """The channel on which the Redis client hears of hand-overs to its waiters."""
+    return redis_backend(locks)._handovers.channel.encode()
+
+
+def redis_exclusive(locks: asynclock.Locks) -> ExclusiveLock:
+    """The Redis client's queue of plain fair locks."""
+    return redis_backend(locks)._exclusive
+
+
+def redis_shared(locks: asynclock.Locks) -> QueuedResource:
+    """The Redis client's queue of shared locks (read-write locks and semaphores)."""
+    return redis_backend(locks)._shared
+
+
+def route(listener: PubSub, channel: bytes) -> tuple[OnMessage, OnResync]:
+    """What a pub/sub listener calls on a message of ``channel``, and after it subscribed again."""
+    return listener._routes[channel]
+
+
+def set_route(listener: PubSub, channel: bytes, on_message: OnMessage, on_resync: OnResync) -> None:
+    """Make a pub/sub listener call these on ``channel`` instead (as a fault or a spy)."""
+    listener._routes[channel] = (on_message, on_resync)
+
+
+def routed(listener: PubSub, channel: bytes) -> bool:
+    """Whether a pub/sub listener still delivers the messages of ``channel``."""
+    return channel in listener._routes
+
+
+def has_connection(listener: PubSub | Shard) -> bool:
+    """Whether a pub/sub listener (or a cluster shard's) holds a connection now."""
+    return listener._conn is not None
+
+
+def listening(listener: PubSub | Shard) -> bool:
+    """Whether a pub/sub listener (or a cluster shard's) is connected and subscribed now."""
+    return listener._connected.is_set()
+
+
+def listener_port(listener: PubSub | Shard) -> int:
+    """The local port of a pub/sub listener's (or a cluster shard's) current connection."""
+    conn = listener._conn
+    assert conn is not None, "the listener is not connected"
+    port: int = conn._writer.get_extra_info("sockname")[1]
+    return port
+
+
+def add_idle_connection(connection: Connection, conn: Any) -> None:
+    """Put ``conn`` among the idle connections the client's next request takes from."""
+    lanes: Any = connection._lanes
+    lanes._free.append(conn)
+    lanes._open += 1
+
+
+def drop_memory_holder(prefix: str, kind: str, name: str, hold: str) -> None:
+    """Remove the hold ``hold`` from the memory backend's resource, as an expiry would (no notice)."""
+    key = memory._queue_key(prefix, kind, name)
+    with memory._QUEUES._mutex:
+        del memory._QUEUES._resources[key].holders[hold]
+
+
 @contextlib.contextmanager
 def handovers_dropped(locks: asynclock.Locks) -> Iterator[list[bytes]]:
     """Hand-over messages to the Redis client ``locks`` vanish (as if published
     while it reconnected) until the block ends; yields the list of those dropped."""
-    backend = redis_backend(locks)
-    pubsub = backend._pubsub
-    channel = backend._handovers.channel.encode()
+    pubsub = redis_listener(locks)
+    channel = handover_channel(locks)
     dropped: list[bytes] = []
-    real = pubsub._routes[channel]
-    pubsub._routes[channel] = (dropped.append, real[1])
+    on_message, on_resync = route(pubsub, channel)
+    set_route(pubsub, channel, dropped.append, on_resync)
     try:
         yield dropped
     finally:
-        pubsub._routes[channel] = real
+        set_route(pubsub, channel, on_message, on_resync)
 
 
 async def eventually(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:

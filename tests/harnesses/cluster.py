@@ -12,6 +12,7 @@ from redis.asyncio.cluster import ClusterNode
 
 import asynclock
 from asynclock.backends.cluster import ClusterBackend
+from asynclock.backends.redis._shards import Shard, ShardListener
 from tests.harnesses import Harness
 from tests.servers.redis_topologies import ClusterSetup
 
@@ -20,6 +21,16 @@ def cluster_backend(locks: asynclock.Locks) -> ClusterBackend:
     backend = locks.backend
     assert isinstance(backend, ClusterBackend)
     return backend
+
+
+def shard_of(shards: ShardListener, channel: bytes) -> Shard:
+    """The node connection of a sharded listener that is subscribed to ``channel``."""
+    return next(shard for shard in shards._shards.values() if channel in shard.channels)
+
+
+def handovers_listening(locks: asynclock.Locks) -> list[str]:
+    """The hand-over channels the cluster client is subscribed to now."""
+    return cluster_backend(locks)._handovers.listening
 
 
 class ClusterHarness(Harness):

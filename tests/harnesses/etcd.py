@@ -5,6 +5,7 @@ from __future__ import annotations
 from asynclock.abc import LockRef
 from asynclock.backends.etcd import EtcdBackend
 from asynclock.backends.etcd._client import EtcdClient
+from asynclock.backends.etcd._queue import Queue
 from asynclock.backends.etcd._recipe import rw_holders
 from asynclock.backends.etcd._replies import KeyValue
 from asynclock.backends.etcd._wire import ASCEND, SORT_CREATE, prefix_end, range_request
@@ -13,6 +14,11 @@ from tests.servers.etcd import EtcdServer
 
 #: How long an admin request may take.
 _TIMEOUT = 5.0
+
+
+def etcd_queue(backend: EtcdBackend) -> Queue:
+    """The etcd client's queue of waiters, with its background work (releases finished later)."""
+    return backend._queue
 
 
 class AdminClient:

@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import asyncpg
 
 import asynclock
 from asynclock.backends.postgres import PostgresBackend, advisory_key, election_key, rw_key, slot_key
+from asynclock.backends.postgres._keys import Key
+from asynclock.backends.postgres._listener import Listener
+from asynclock.backends.postgres._running import Running
 from tests.harnesses import Harness
 from tests.servers.postgres import PASSWORD_GROUP, PostgresServer
 
@@ -38,6 +41,23 @@ def postgres_backend(locks: asynclock.Locks) -> PostgresBackend:
     backend = locks.backend
     assert isinstance(backend, PostgresBackend)
     return backend
+
+
+def pg_listener(locks: asynclock.Locks) -> Listener:
+    """The PostgreSQL client's listening session (its notifications, and the liveness of its queue rows)."""
+    return postgres_backend(locks)._listener
+
+
+def pg_running(locks: asynclock.Locks) -> Running | None:
+    """The PostgreSQL client's sessions and requests once it is connected (None before)."""
+    return postgres_backend(locks)._running
+
+
+def share_key(locks: asynclock.Locks, names: Collection[str], key: Key) -> None:
+    """Put these lock names of the client on the one advisory ``key`` (a collision); other names keep their own."""
+    backend = postgres_backend(locks)
+    real = backend._key_of
+    backend._key_of = lambda name: key if name in names else real(name)
 
 
 def tokens_from(locks: asynclock.Locks, source: str) -> asynclock.Locks:

@@ -7,6 +7,8 @@ the nodes (here from every node, as an expiry would do it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import redis.asyncio as aioredis
 
 import asynclock
@@ -19,6 +21,20 @@ def redlock_backend(locks: asynclock.Locks) -> RedlockBackend:
     backend = locks.backend
     assert isinstance(backend, RedlockBackend)
     return backend
+
+
+def spy_releases(backend: RedlockBackend, record: Callable[[str, bytes], None]) -> None:
+    """Call ``record(name, hold)`` on every release message the client hears, before it acts on it."""
+    releases = backend._releases
+    assert releases is not None
+    wake = releases.wake
+    real = wake.released
+
+    def released(name: str, hold: bytes) -> None:
+        record(name, hold)
+        real(name, hold)
+
+    wake.released = released  # type: ignore[method-assign]
 
 
 class RedlockHarness(Harness):

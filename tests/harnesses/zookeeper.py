@@ -13,6 +13,7 @@ from aiozk.protocol.acl import ACL, ID
 
 from asynclock.abc import LockRef
 from asynclock.backends.zookeeper import ZooKeeperBackend
+from asynclock.backends.zookeeper._nodes import Node, Nodes
 from asynclock.backends.zookeeper._order import contenders_of, rw_holders, sequence
 from asynclock.backends.zookeeper._session import ZkSession
 from asynclock.backends.zookeeper._wire import NO_NODE, ZkError
@@ -100,6 +101,38 @@ class AdminClient:
 
     async def close(self) -> None:
         await self.session.close(1.0)
+
+
+def spy_sends(session: ZkSession, record: Callable[[Any, Any, str], None]) -> None:
+    """Call ``record(conn, request, path)`` on every request the session sends, just before it is sent."""
+    original = session._send
+
+    def spy(conn: Any, request: Any, path: str, watch: Any = None) -> asyncio.Future[Any]:
+        record(conn, request, path)
+        return original(conn, request, path, watch)
+
+    session._send = spy  # type: ignore[method-assign]
+
+
+def zk_nodes(backend: ZooKeeperBackend) -> Nodes:
+    """The ZooKeeper client's lock nodes: their parents, their creation, their background deletions."""
+    return backend._nodes
+
+
+def hold_node(backend: ZooKeeperBackend, hold: str) -> Node | None:
+    """The node of the ZooKeeper client's hold ``hold`` (None once it is forgotten)."""
+    return backend._holds.get(hold)
+
+
+def connect_next_to(session: ZkSession, index: int) -> None:
+    """Make the session's next connection go to the server at ``index`` of its host list."""
+    session._servers.next = index
+
+
+def connected_host(session: ZkSession) -> str | None:
+    """The server of the session's current connection (None while it has none)."""
+    conn = session._conn
+    return None if conn is None else conn.host
 
 
 class ZooKeeperHarness(Harness):
