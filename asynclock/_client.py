@@ -12,10 +12,12 @@ from typing import Any, ParamSpec, TypeVar
 from ._closing import close
 from ._core import CLIENT_CLOSED, CLIENT_CLOSING, Core
 from ._election import Election
+from ._errors import BackendUnavailable, LockError, unavailable
 from ._events import EventCallback
 from ._lock import Lock, RWLock, Semaphore
 from ._options import DEFAULT_CONNECT_TIMEOUT, seconds
 from ._singleton import Singleton, make_singleton
+from ._timing import REQUEST_WINDOW
 from ._validate import check_max_hold, check_name, check_ttl
 from ._values import Health
 from .abc import Backend, LockRef
@@ -163,7 +165,7 @@ class Locks:
 
     async def __aenter__(self) -> Locks:
         try:
-            await self._core.start()
+            await self._reach()
         except BaseException:
             # A block that was never entered is never left: close what the start opened.
             await self.aclose()
@@ -181,10 +183,30 @@ class Locks:
         Raises :class:`BackendUnavailable` when no server could be reached
         within the connect timeout, :class:`ConfigurationError` when the server
         refuses this client's configuration (its credentials, say). A client
-        that is used without being opened connects on its first use.
+        that is used without being opened connects on its first use (and
+        then waits out a server that is away, as every later request does).
         """
-        await self._core.start()
+        await self._reach()
         return self
+
+    async def _reach(self) -> None:
+        """Start the client and make one round trip, within the connect timeout: a server that is
+        not there, or refuses this client, is told now rather than at the first acquire."""
+        core = self._core
+        # (a backend bounds its own connecting by the connect timeout, and says more of why
+        # it failed than this bound can: it gets a request window more to say it)
+        bound = self._connect_timeout + REQUEST_WINDOW
+        try:
+            async with asyncio.timeout(bound):
+                await core.start()
+                await core.backend.info(LockRef("lock", _PROBE))
+        except TimeoutError:
+            raise BackendUnavailable(f"the {core.backend.scheme} server did not answer within {bound:g} s") from None
+        except (LockError, OSError) as exc:
+            error = unavailable(exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     async def health(self) -> Health:
         """How this client is doing, for readiness and liveness probes; never raises.

@@ -12,6 +12,7 @@ of its slot (the generic election tests run on the cluster in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 
@@ -355,7 +356,12 @@ async def test_a_refusal_by_the_cluster_is_a_configuration_error(
         ("noscript", right, "no permissions"),
     ]:
         url = cluster.url.replace("redis+cluster://", f"redis+cluster://{user}:{password}@")
-        async with asynclock.connect(url) as locks:
+        with pytest.raises(ConfigurationError):
+            async with asyncio.timeout(scaled(3)), asynclock.connect(url):
+                pass  # entering makes a round trip, which meets the refusal
+        async with contextlib.AsyncExitStack() as stack:
+            locks = asynclock.connect(url)  # used without being opened: its first acquire meets it
+            stack.push_async_callback(locks.aclose)
             with pytest.raises(ConfigurationError) as caught:
                 async with asyncio.timeout(scaled(3)):  # not retried for a ttl (30 s)
                     await locks.lock("refused").acquire()

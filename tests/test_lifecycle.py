@@ -12,9 +12,9 @@ import sys
 import pytest
 
 import asynclock
-from asynclock import LockLost, LockTimeout, LossReason
+from asynclock import BackendUnavailable, LockLost, LockTimeout, LossReason
 from tests.harnesses import Harness
-from tests.servers import scaled
+from tests.servers import free_port, scaled
 
 pytestmark = pytest.mark.anyio
 
@@ -305,4 +305,37 @@ async def test_health_never_raises_for_a_server_that_is_not_there() -> None:
         assert not health.ok and health.latency is None and health.held == 0
         assert health.error is not None and "127.0.0.1:1" in health.error
     finally:
+        await locks.aclose()
+
+
+def _nothing_listening() -> list[str]:
+    closed = [free_port() for _ in range(3)]
+    hosts = ",".join(f"127.0.0.1:{port}" for port in closed)
+    return [
+        f"redis://127.0.0.1:{closed[0]}/0",
+        f"redis+sentinel://127.0.0.1:{closed[0]}/mymaster",
+        f"redis+cluster://{hosts}",
+        f"redlock://{hosts}",
+        f"postgresql://nobody@127.0.0.1:{closed[0]}/db",
+        f"zk://{hosts}",
+        f"etcd://{hosts}",
+    ]
+
+
+@pytest.mark.parametrize("url", _nothing_listening(), ids=lambda url: url.split("://")[0])
+async def test_entering_a_client_with_nothing_listening_fails_at_once_naming_the_address(url: str) -> None:
+    connect_timeout = scaled(10)
+    loop = asyncio.get_running_loop()
+    for enter in ("async with", "open"):
+        locks = asynclock.connect(url, connect_timeout=connect_timeout)
+        started = loop.time()
+        with pytest.raises(BackendUnavailable) as refused:
+            if enter == "open":
+                await locks.open()
+            else:
+                async with locks:
+                    pass
+        # a refusal is an answer: not a wait for the connect timeout
+        assert loop.time() - started < connect_timeout / 2, (enter, url)
+        assert "127.0.0.1:" in str(refused.value) and "refused" in str(refused.value).lower(), str(refused.value)
         await locks.aclose()

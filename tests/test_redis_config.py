@@ -78,13 +78,27 @@ def assert_never_shown(secret: str, error: BaseException, caplog: pytest.LogCapt
 
 
 async def refused(
-    locks: asynclock.Locks, *, name: str = "refused", within: float = 3.0, timeout: float | None = None
+    locks: asynclock.Locks,
+    *,
+    name: str = "refused",
+    within: float = 3.0,
+    timeout: float | None = None,
+    on_opening: bool = True,
 ) -> ConfigurationError:
-    """The ConfigurationError of an acquire (that would wait for ever), raised at once."""
-    async with locks:
+    """The ConfigurationError of an acquire (that would wait for ever) of a client used
+    without being opened, raised at once; and, ``on_opening``, the same refusal when the
+    client is opened (not where only a write or a channel is refused: opening reads)."""
+    try:
         with pytest.raises(ConfigurationError) as caught:
             async with asyncio.timeout(scaled(within)):  # not retried for a ttl (30 s)
                 await locks.lock(name).acquire(timeout=timeout)
+        if on_opening:
+            with pytest.raises(ConfigurationError) as opening:
+                async with asyncio.timeout(scaled(within)):
+                    await locks.open()  # its round trip on opening meets the refusal too
+            assert type(opening.value) is type(caught.value)
+    finally:
+        await locks.aclose()
     return caught.value
 
 
@@ -141,7 +155,8 @@ async def test_an_acl_refusal_of_a_command_inside_a_script_is_a_configuration_er
     """A user who may run scripts but not a command they run (TIME, or a write): the server
     refuses it from inside the script, and redis-py gives a plain ResponseError. That is a
     refusal no retry fixes, raised at once, not BackendUnavailable after retrying for a ttl."""
-    error = await refused(asynclock.connect(f"redis://{user}:{RIGHT}@127.0.0.1:{server.port}/0", ttl=30))
+    url = f"redis://{user}:{RIGHT}@127.0.0.1:{server.port}/0"
+    error = await refused(asynclock.connect(url, ttl=30), on_opening=user == "notime")
     assert f"127.0.0.1:{server.port}" in str(error)
     assert "The user executing the script can't run this command" in str(error)  # the server's own words
     assert isinstance(error.__cause__, aioredis.ResponseError)
@@ -158,7 +173,7 @@ async def test_an_acl_refusal_of_the_hand_over_channel_reaches_the_waiter(
     async with asynclock.connect(url, prefix="nochan") as holder:
         lock = holder.lock("c")
         await lock.acquire()
-        error = await refused(asynclock.connect(url, prefix="nochan"), name="c")
+        error = await refused(asynclock.connect(url, prefix="nochan"), name="c", on_opening=False)
         assert f"127.0.0.1:{server.port}" in str(error) and "permissions" in str(error)
         assert_never_shown(RIGHT, error, logged)
         info = await lock.info()

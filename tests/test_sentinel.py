@@ -280,10 +280,16 @@ async def test_a_primary_that_refuses_the_client_is_a_configuration_error_naming
         ),
         (f"{shared_setup.url}/99", "DB index is out of range"),
     ]:
-        async with asynclock.connect(url) as locks:
+        with pytest.raises(ConfigurationError):
+            async with asyncio.timeout(scaled(3)), asynclock.connect(url):
+                pass  # entering makes a round trip, which meets the refusal
+        locks = asynclock.connect(url)  # used without being opened: its first acquire meets it
+        try:
             with pytest.raises(ConfigurationError) as caught:
                 async with asyncio.timeout(scaled(3)):  # not retried for a ttl (30 s)
                     await locks.lock("refused").acquire()
+        finally:
+            await locks.aclose()
         text = str(caught.value)
         assert f"'mymaster' at 127.0.0.1:{primary}" in text and words in text, text
         assert wrong not in text

@@ -184,6 +184,7 @@ class EtcdClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         last: BaseException | None = None
+        refused: set[str] = set()  # members that refused the connection outright: none serves there
         backoff = Backoff()
         while True:
             endpoint = self._endpoints[self._index]
@@ -203,8 +204,15 @@ class EtcdClient:
                 raise
             except LockError as exc:
                 last = exc
+                if "connection refused" in str(exc).lower():
+                    refused.add(endpoint.address)
                 if self._endpoints[self._index] is endpoint:
                     self._rotate(endpoint)
+                if len(refused) == len(self._endpoints):
+                    # Nothing listens at any address: waiting out the timeout cannot help.
+                    error = EtcdUnavailable(f"no etcd member of {self.addresses} could be reached: {exc}")
+                    error.connect_timeout = timeout
+                    raise error from exc
             left = deadline - loop.time()
             if left <= 0:
                 break
