@@ -357,8 +357,10 @@ def _probe_release(core: Core, lock: Want, hold: str, owner: str) -> None:
 
 
 def _got(core: Core, lease: Lease, started: float) -> Lease:
-    wait = asyncio.get_running_loop().time() - started
-    core.events.emit("acquired", lease.name, lease.owner, lease.token, wait_s=wait)
+    events = core.events
+    if events.callback is not None:
+        wait = asyncio.get_running_loop().time() - started
+        events.emit("acquired", lease.name, lease.owner, lease.token, wait_s=wait)
     return lease
 
 

@@ -313,7 +313,7 @@ class Core:
         lease._mark_released()
         if lease._bodies() and lease.owner != current_owner():
             lease._cancel_bodies()  # released from another task: the bodies that held it no longer do
-        held_s = lease._held_for()
+        held_s = lease._held_for() if self.events.callback is not None else None
         try:
             released = await release_by_identity(self.backend, lease, raise_errors=True, deadlines=self.deadlines)
         except asyncio.CancelledError:
@@ -325,7 +325,8 @@ class Core:
         if not released:
             lease._release_refused("the server no longer had this hold at release (expired or taken)")
             raise NotHeld(lease.name, "the lease had expired or been taken before release")
-        self.events.emit("released", lease.name, lease.owner, lease.token, held_s=held_s)
+        if held_s is not None:
+            self.events.emit("released", lease.name, lease.owner, lease.token, held_s=held_s)
         hub = self.hub
         if hub is not None and lease._key.kind == "lock" and hub.waiting(lease.name):
             # One event-loop turn before the caller goes on: a waiter this
