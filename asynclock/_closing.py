@@ -39,11 +39,13 @@ logger = logging.getLogger("asynclock")
 DRAIN_ENDED = "closing"
 
 
-async def close(core: Core, drain: float | None) -> None:
-    """Close ``core``'s client; with ``drain``, let running bodies finish for up to that many seconds first."""
+async def close(core: Core, drain: float | None, at_loop_end: bool) -> None:
+    """Close ``core``'s client; with ``drain``, let running bodies finish for up to that many seconds first.
+
+    ``at_loop_end``: the loop is shutting down with the client still open (what it releases is logged).
+    """
     if core.closed:
         return
-    at_loop_end = core.loop_end is None and core.keeper is not None and not core.closing
     if drain is not None and not core.closing:
         await _drain(core, drain)
         if core.closed:

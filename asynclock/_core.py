@@ -106,7 +106,7 @@ class Core:
         backend: Backend,
         ttl: float,
         on_event: EventCallback | None,
-        closer: Callable[[Core, float | None], Awaitable[None]],
+        closer: Callable[[Core, float | None, bool], Awaitable[None]],
     ) -> None:
         self.backend = backend
         self._closer = closer
@@ -199,11 +199,11 @@ class Core:
         finally:
             self.loop_end = None
             if not self.closed:
-                await self.close()
+                await self._closer(self, None, True)
 
     async def close(self, drain: float | None = None) -> None:
         """Close the client (see :func:`asynclock._closing.close`, which the client gave)."""
-        await self._closer(self, drain)
+        await self._closer(self, drain, False)
 
     # -- tasks, timers and waits ---------------------------------------------------
 
