@@ -103,7 +103,7 @@ class ExclusiveScripts(RuleBasedStateMachine):
         return f"c{client}:h{self.seq}"
 
     def _acquire(self, hold: str, client: int, *, enqueue: bool, fresh: bool, entry: bytes) -> int | bytes:
-        """The token (held now) or ``b"<ms until the holder's lease ends, at the head; else -1> <entry>"``."""
+        """The token (held now) or ``b"<ms until the holder's lease ends (-1: not queued)> <entry>"``."""
         args = [hold, TTL_MS, int(enqueue), self.channels[client], int(fresh), entry]
         answer = self.redis.eval(ACQUIRE.text, 2, self.x, self.q, *args)
         assert isinstance(answer, (int, bytes)), answer
@@ -180,10 +180,9 @@ class ExclusiveScripts(RuleBasedStateMachine):
             self.queue.append(entry)
         entry.text = text
         entry.expired = False
-        heads = hint != b"-1"
-        assert heads == (self.queue[0].hold == hold), (answer, self.queue)
-        if heads:
-            assert 0 <= int(hint) <= TTL_MS
+        # Every queued hold, at the head or not, is told when the holder's lease ends.
+        assert self.holder is not None and hold in [entry.hold for entry in self.queue]
+        assert 0 <= int(hint) <= TTL_MS, (answer, self.queue)
 
     @precondition(lambda self: self.holder is not None or self.queue)
     @rule(data=st.data(), known=st.booleans())

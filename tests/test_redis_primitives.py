@@ -420,6 +420,41 @@ async def test_cancellation_at_random_points_leaves_no_entries_or_holds(fresh: R
     assert await fresh.leftovers() == []
 
 
+@pytest.mark.parametrize("kind", ["fair", "rw"])
+async def test_the_next_live_waiter_gets_a_dead_holders_lock_when_its_lease_ends(
+    kind: str, fresh: RedisHarness
+) -> None:
+    """The holder and the first waiter die together (SIGKILL); the live waiter
+    queued behind them polls only every third of its (long) ttl, yet gets the
+    lock within a round trip of the holder's expiry: every waiter is told when
+    the holder's lease ends, and its poll then passes over the dead head."""
+    live = fresh.connect(ttl=LONG)
+    handle = live.lock("gone", fair=True) if kind == "fair" else live.rw_lock("gone").write
+    holder_ttl = scaled(1.5)
+    async with children() as started:
+        holder = await Child.start(fresh.url, fresh.prefix, kind, "gone", holder_ttl, "0", "hold")
+        started.append(holder)
+        assert (await holder.line()).startswith("held")
+        head = await Child.start(fresh.url, fresh.prefix, kind, "gone", LONG, "1", "hold")
+        started.append(head)
+        await waiters(handle, 1)
+        waiting = Holder(handle, timeout=holder_ttl + LONG / 6)
+        await waiters(handle, 2)
+        holder.kill()
+        head.kill()
+        await holder.wait()
+        await head.wait()
+        left = (await handle.info()).ttl
+        assert left is not None and left > 0
+        expiry = asyncio.get_running_loop().time() + left
+        lease = await waiting.got()
+        # Without the fix the live waiter learns at its next poll, up to LONG / 3 later.
+        assert asyncio.get_running_loop().time() - expiry < scaled(1.0)
+        assert not lease.lost
+        await waiting.release()
+        await asyncio.wait_for(waiting.task, scaled(10))
+
+
 async def test_renewal_of_many_holds_is_one_script_call(fresh: RedisHarness, admin: aioredis.Redis) -> None:
     locks = fresh.connect(ttl=TTL)
     sem = locks.semaphore("many", permits=50)

@@ -35,15 +35,16 @@ class Entered(NamedTuple):
     """What one acquire request (a try, or a queued hold's poll) got.
 
     ``token``: the hold holds the lock now, with this fencing token (None: it
-    does not). ``head``: for a queued hold at the head of the queue, seconds
-    until the current holder's lease ends (-1: no holder); None for a hold
-    further back, or one that is not queued. ``entry``: the hold's queue
+    does not). ``lease_left``: for a queued hold, seconds until the current
+    holder's lease ends (None: no holder, or not queued). Every waiter polls
+    then, not only the head: when the holder and the head both died, the
+    first live waiter's poll serves the queue, passing over the dead. ``entry``: the hold's queue
     entry as the server wrote it, where the queue finds entries by it (its
     next poll or leave names it).
     """
 
     token: int | None
-    head: float | None = None
+    lease_left: float | None = None
     entry: bytes = b""
 
 
@@ -168,7 +169,7 @@ class Waiting:
     hence after it was sent, and sets the hold's expiry from that moment:
     counting the lease from this send time is conservative, whichever way
     the news arrives. ``poll_at``: when the hold must poll, to keep its entry
-    alive (a third of its ttl) or, at the head, when the holder's lease ends.
+    alive (a third of its ttl) or when the holder's lease ends, if sooner.
     """
 
     ref: LockRef
@@ -183,8 +184,8 @@ class Waiting:
         self.queued_at = sent
         self.entry = entered.entry
         pause = self.ttl / 3
-        if entered.head is not None and entered.head >= 0:
-            pause = min(pause, entered.head + 0.002)
+        if entered.lease_left is not None:
+            pause = min(pause, entered.lease_left + 0.002)
         self.poll_at = sent + pause
         return pause
 

@@ -103,7 +103,7 @@ class QueuedResource:
                 f"semaphore {ref.name!r} is used with permits={int(answer[1])} by its holders and waiters;"
                 f" this handle asks for permits={ref.permits} (every client must use the same number)"
             )
-        return Entered(None, int(answer[1]) / 1000 if int(answer[2]) == 1 else None)
+        return Entered(None, int(answer[1]) / 1000 if int(answer[1]) >= 0 else None)
 
     def held(self, ref: LockRef, hold: str, ttl: float, token: int) -> None:
         """``hold`` was handed the resource (nothing to keep: its requests name it by its id)."""

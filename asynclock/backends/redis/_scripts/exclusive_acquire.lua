@@ -10,7 +10,7 @@
 -- returns the token (an integer) if ARGV[1] holds it now (just taken, or
 -- already: a retry, a poll after a hand-over; its expiry is reset to ARGV[2]
 -- from now), else a string "<ms until the holder's lease ends if ARGV[1]
--- heads the queue, -1 otherwise> <its queue entry, empty if not queued>"
+-- is queued, -1 otherwise> <its queue entry, empty if not queued>"
 
 local hold, ttl = ARGV[1], tonumber(ARGV[2])
 E = ARGV[7] or ''
@@ -65,5 +65,7 @@ end
 if flag ~= 'q' then -- the holder's release must hand over now
   redis.call('SET', X, tok .. ' ' .. count .. ' q ' .. exp .. ' ' .. holder, 'PXAT', exp)
 end
-if at == 0 then return num(math.max(0, tonumber(exp) - now)) .. ' ' .. entry end
-return '-1 ' .. entry
+-- every waiter is told when the holder's lease ends, not just the head: if
+-- the holder died, the first live waiter's poll then serves the queue (a dead
+-- head is passed over: its grant reaches nobody), within a round trip
+return num(math.max(0, tonumber(exp) - now)) .. ' ' .. entry

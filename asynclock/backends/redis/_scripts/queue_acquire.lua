@@ -8,9 +8,9 @@
 -- ARGV[8] 1 on the first request of this hold id (it cannot hold or be queued yet)
 -- returns {1, token} if ARGV[1] holds it now (just taken, or already: a retry,
 -- a poll after a hand-over; its expiry is reset to ARGV[4]), {0, ms until
--- the first holder's lease ends (-1: no holder, or not asked), 1 if ARGV[1]
--- heads the queue}, or {-1, permits} (nothing changed) for a semaphore whose
--- holders and waiters use another number of permits than ARGV[3]
+-- the first holder's lease ends (-1: no holder, or not queued)}, or {-1,
+-- permits} (nothing changed) for a semaphore whose holders and waiters use
+-- another number of permits than ARGV[3]
 
 local hold, mode, permits, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local pruned = prune()
@@ -40,17 +40,16 @@ if head == nil and fits(mode, permits) then
   return {1, grant(hold, mode, ttl, ARGV[7])}
 end
 -- not free (somebody holds it or is queued: never empty, nothing to tidy)
-if ARGV[5] ~= '1' then return {0, -1, 0} end
-local first_in_line
-if ARGV[8] ~= '1' and head ~= nil and redis.call('HGET', W, hold) then
-  first_in_line = head == hold or (head == true and redis.call('LINDEX', Q, 0) == hold)
-else
-  first_in_line = redis.call('RPUSH', Q, hold) == 1
+if ARGV[5] ~= '1' then return {0, -1} end
+if ARGV[8] == '1' or head == nil or not redis.call('HGET', W, hold) then
+  redis.call('RPUSH', Q, hold)
 end
 redis.call('HSET', W, hold, num(now + ttl) .. ' ' .. ttl .. ' ' .. mode .. ' ' .. ARGV[6])
 keep(Q, W, ttl)
-if not first_in_line then return {0, -1, 0} end
+-- every waiter is told when the first holder's lease ends, not just the
+-- head: if the holders died, the first live waiter's poll then serves the
+-- queue (a dead head is passed over: its grant reaches nobody)
 local first = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
 local hint = -1
-if first[2] then hint = tonumber(first[2]) - now end
-return {0, hint, 1}
+if first[2] then hint = math.max(0, tonumber(first[2]) - now) end
+return {0, hint}
