@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import types
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from types import CodeType
@@ -232,3 +233,22 @@ def test_the_runner_finds_and_points_blocks_at_the_test_servers() -> None:
     servers = Servers(Fixtures())  # type: ignore[arg-type]
     assert servers.rewrite("etcds://etcd1:2379,etcd2:2379/app") == "etcd://127.0.0.1:1234/app"
     assert servers.rewrite("etcd://etcd1:2379") == "etcd://127.0.0.1:1234"
+
+
+def test_the_readme_serves_the_docs_with_what_its_test_command_installs() -> None:
+    """``.venv/bin/mkdocs serve`` after ``bash tests/run.sh``: the test command
+    installs requirements/dev.txt, which must carry MkDocs and every plugin
+    mkdocs.yml names, and the README's address is where ``serve`` puts the site
+    (MkDocs serves under the path of ``site_url``)."""
+    readme = (ROOT / "README.md").read_text()
+    serve = re.search(r"^\.venv/bin/mkdocs serve +# (http://\S+)$", readme, re.M)
+    assert serve is not None, "the README says how to serve the docs"
+    site_url = re.search(r"^site_url: (\S+)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert site_url is not None
+    assert serve.group(1) == "http://127.0.0.1:8000" + urllib.parse.urlsplit(site_url.group(1)).path
+    assert "bash tests/run.sh" in readme.split(serve.group(0))[0].rsplit("```", 2)[-2]
+    run = (ROOT / "tests" / "run.sh").read_text()
+    assert "-r requirements/dev.txt" in run
+    dev = (ROOT / "requirements" / "dev.txt").read_text()
+    for needed in ("mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python"):
+        assert re.search(rf"^{re.escape(needed)}[=<>]", dev, re.M), needed

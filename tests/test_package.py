@@ -1,5 +1,6 @@
 """The published package: what the sdist and the wheel hold, their metadata,
-and a wheel installed in a fresh virtualenv running the README's example.
+and the README's install lines (from a checkout, from the built wheel), each
+in a fresh virtualenv running the README's example.
 
 The sdist must be enough to run the test suite, the benchmarks and the docs
 build; the wheel holds the package and nothing else. Both are built with the
@@ -9,6 +10,7 @@ as ``python -m build`` does.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -145,34 +147,27 @@ def test_twine_check_strict_passes(dist: Path) -> None:
     assert done.stdout.count("PASSED") == 2
 
 
-def test_the_wheel_with_the_redis_extra_runs_the_readme_example_in_a_fresh_virtualenv(
-    dist: Path, redis_server: RedisServer, tmp_path: Path
-) -> None:
-    """What a user does: install the wheel with ``[redis]`` (from the index, so
-    its dependencies are the published ones) into an empty virtualenv, then run
-    the README's first example against a real redis-server."""
-    wheel = _one(dist, "*.whl")
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"{wheel}[redis]"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+def readme_install_lines() -> list[str]:
+    """The README's install commands (the ``pip install`` lines of its first ``sh`` block), without comments."""
+    block = re.search(r"```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block is not None, "the README has an install block"
+    lines = [line.split("  #")[0].strip() for line in block.group(1).splitlines()]
+    assert lines and all(line.startswith("pip install ") for line in lines), lines
+    return lines
+
+
+def _run_readme_example(python: Path, port: int, cwd: Path) -> None:
+    """The README's first example, pointed at a real redis-server, with the interpreter of a fresh virtualenv."""
     first = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert first is not None
-    example = first.group(1).replace('"memory://"', f'"redis://127.0.0.1:{redis_server.port}/0"')
+    example = first.group(1).replace('"memory://"', f'"redis://127.0.0.1:{port}/0"')
     assert "redis://" in example, "the README's example connects with a URL this test can point at Redis"
     done = subprocess.run(
         [str(python), "-c", example],
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=tmp_path,  # not the checkout: the installed wheel, not the source tree, is imported
+        cwd=cwd,  # not the checkout: the installed package, not the source tree, is imported
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -180,6 +175,43 @@ def test_the_wheel_with_the_redis_extra_runs_the_readme_example_in_a_fresh_virtu
     token = re.search(r"fencing token (\d+)", done.stdout)
     assert token is not None and int(token.group(1)) > 10**15, done.stdout
     version = subprocess.run(
-        [str(venv / "bin" / "asynclock"), "--version"], capture_output=True, text=True, timeout=60, check=False
+        [str(python.parent / "asynclock"), "--version"], capture_output=True, text=True, timeout=60, check=False
     )
     assert version.stdout.strip() == f"asynclock {asynclock.__version__}"
+
+
+def _install(line: str, cwd: Path, venv: Path) -> Path:
+    """Run one README install line, as typed, in ``cwd`` with a fresh virtualenv's pip first on PATH."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    path = f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("PYTHONPATH", None)
+    install = subprocess.run(
+        ["sh", "-c", line.replace("pip install ", "pip install -q ", 1)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    return venv / "bin" / "python"
+
+
+def test_the_readme_installs_from_a_checkout_and_from_the_built_wheel(
+    dist: Path, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """What a user does before the package is on an index: each of the README's
+    install lines, typed as it is (from the checkout; from ``dist/`` holding
+    the built wheel) into an empty virtualenv, whose dependencies come from
+    the index; then the README's first example against a real redis-server."""
+    checkout, wheel = readme_install_lines()
+    assert "'.[redis]'" in checkout and "dist/" in wheel and "[redis]" in wheel
+    python = _install(checkout, ROOT, tmp_path / "from-checkout")
+    _run_readme_example(python, redis_server.port, tmp_path)
+    built = tmp_path / "built"
+    (built / "dist").mkdir(parents=True)
+    (built / "dist" / _one(dist, "*.whl").name).symlink_to(_one(dist, "*.whl"))
+    python = _install(wheel, built, tmp_path / "from-wheel")
+    _run_readme_example(python, redis_server.port, tmp_path)
