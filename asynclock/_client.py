@@ -163,6 +163,35 @@ class Locks:
         self._core.check_open()
         return make_singleton(self._core, lambda: self.lock(name, ttl=ttl), at_most, at_least)
 
+    async def check(self, name: str, token: int) -> bool:
+        """Whether ``token`` is the fencing token of the hold the server has now on the plain lock ``name``.
+
+        One read. False when the lock is free, never used, or held by a hold
+        with another token (an older holder's token is never current again).
+        A downstream service that is sent a token can call it before acting
+        on the sender's behalf; the fences of :mod:`asynclock.fencing` make
+        the same judgement inside the store's own write.
+
+        Raises TypeError / ValueError for a bad name or token before any I/O,
+        :class:`BackendUnavailable` when the server cannot be read, and
+        NotImplementedError on a backend without fencing tokens (Redlock).
+
+        Example::
+
+            if not await locks.check("orders:42", token):
+                raise PermissionError("that lease is over")
+        """
+        self._core.check_open()
+        ref = LockRef("lock", check_name(name))
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise TypeError(f"token must be an int, not {type(token).__name__}")
+        info = await Lock(self._core, ref, self._core.ttl).info()
+        if info.owner is None:
+            return False
+        if info.token is None:
+            raise NotImplementedError(f"{self._core.backend.scheme}:// gives no fencing tokens to check")
+        return info.token == token
+
     async def __aenter__(self) -> Locks:
         try:
             await self._reach()
