@@ -75,6 +75,21 @@ class Locks:
         """The default lease time of this client's locks, in seconds."""
         return self._core.ttl
 
+    @property
+    def guarantees(self) -> frozenset[str]:
+        """What this client's backend guarantees, as it is configured; no I/O.
+
+        A frozenset of these words: ``"fencing"`` (tokens that never
+        regress), ``"fifo"`` (a fair lock is offered), ``"reentrant"``,
+        ``"notifications"`` (waiters are woken, never poll),
+        ``"survives_failover"`` (a promoted replica cannot grant a held lock
+        again), ``"session"`` (the lease is a server session), ``"interop"``
+        (another ecosystem's client shares the locks). The documentation's
+        "Testing and guarantees" page has the table for every backend, and why.
+        ``connect(url, require={...})`` refuses a backend that lacks a word.
+        """
+        return frozenset(getattr(self._core.backend, "guarantees", ()))
+
     def lock(self, name: str, *, ttl: float | None = None, fair: bool = False, max_hold: float | None = None) -> Lock:
         """A handle on the lock ``name``; cheap, no I/O.
 

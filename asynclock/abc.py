@@ -57,6 +57,11 @@ kinds are one lock, as the fair lock is the plain lock where that is FIFO).
 Every method translates its client library's errors into
 ``BackendUnavailable``, ``ConfigurationError`` or ``LockError`` at its edge.
 
+What a backend guarantees, as configured, is its ``guarantees`` (a class
+attribute or a property): a frozenset of the words of
+``asynclock.Locks.guarantees``, which ``connect(url, require=...)`` checks.
+A backend without it guarantees none of them, as far as ``require`` goes.
+
 Testing a backend: :mod:`asynclock.testing.conformance` is the contract
 suite that asynclock's own backends pass, as a test class to subclass. A
 backend's tests give it a ``Harness`` (how to connect a client,

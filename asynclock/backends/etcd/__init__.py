@@ -78,6 +78,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the etcd backend needs grpcio: pip install 'asynclock[etcd]'") from exc
 
 from ..._errors import BackendUnavailable, LockError
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
@@ -105,6 +106,8 @@ class EtcdBackend:
     """
 
     scheme = "etcd"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["etcd"].words
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import BackendUnavailable
+from ..._guarantees import TABLE
 from ..._options import query_names, reject_unknown
 from ..._values import Leader, LockInfo, LossReason
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
@@ -85,6 +86,8 @@ class MemoryBackend:
     """
 
     scheme = "memory"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["memory"].words
 
     def __init__(self, *, prefix: str = "asynclock") -> None:
         self._prefix = prefix

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._errors import BackendUnavailable
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, reject_unknown
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
@@ -43,6 +44,8 @@ class PostgresBackend:
     """
 
     scheme = "postgres"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["postgres"].words
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_text, take_query
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
@@ -172,6 +173,12 @@ class RedisBackend:
     def replicas(self) -> int:
         """Replicas that must confirm each acquire and renewal (Redis WAIT); 0: none."""
         return self.connection.replicas
+
+    @property
+    def guarantees(self) -> frozenset[str]:
+        """What it guarantees as configured (``locks.guarantees``): the row of
+        :data:`asynclock._guarantees.TABLE` for its scheme, with or without ``replicas``."""
+        return TABLE[f"{self.scheme}+replicas" if self.connection.replicas else self.scheme].words
 
     # -- the request protocol ----------------------------------------------------
 

@@ -45,6 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
 from ..._errors import BackendUnavailable
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, credentials, host_list, mask_text, mask_url
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
@@ -110,6 +111,8 @@ class ClusterBackend:
     """
 
     scheme = "redis+cluster"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["redis+cluster"].words
 
     def __init__(
         self,

@@ -57,6 +57,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redlock backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
 from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_url, seconds, take_query
 from ..._timing import drift
 from ..._values import LockInfo
@@ -101,6 +102,8 @@ class RedlockBackend:
     """
 
     scheme = "redlock"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["redlock"].words
 
     def __init__(
         self,

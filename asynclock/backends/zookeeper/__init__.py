@@ -60,6 +60,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import ConfigurationError
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, reject_unknown, seconds
 from ..._timing import request_window
 from ..._values import Leader, LockInfo
@@ -102,6 +103,8 @@ class ZooKeeperBackend:
     """
 
     scheme = "zookeeper"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["zookeeper"].words
 
     def __init__(
         self,
