@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
+from ._break import break_lock
 from ._closing import close
 from ._core import CLIENT_CLOSED, CLIENT_CLOSING, Core
 from ._election import Election
@@ -19,7 +20,7 @@ from ._options import DEFAULT_CONNECT_TIMEOUT, seconds
 from ._singleton import Singleton, make_singleton
 from ._timing import REQUEST_WINDOW
 from ._validate import check_max_hold, check_name, check_ttl
-from ._values import Health
+from ._values import Health, LockInfo
 from .abc import Backend, LockRef
 
 __all__ = ["EventCallback", "Locks"]
@@ -206,6 +207,33 @@ class Locks:
         if info.token is None:
             raise NotImplementedError(f"{self._core.backend.scheme}:// gives no fencing tokens to check")
         return info.token == token
+
+    async def break_lock(self, name: str, *, owner: str | None = None) -> LockInfo | None:
+        """Force-release the plain lock ``name``, whoever holds it: the way out of a stuck lock.
+
+        The hold is taken away on the server and the lock goes to the next
+        waiter, whose fencing token is larger than the broken hold's. The
+        holder finds out at its next renewal, within a third of its ttl (at
+        once where the backend can tell it sooner, and for a hold of this
+        client), and its ``async with`` body is cancelled with
+        :class:`LockLost`; until then it may still run, and only fencing
+        tokens protect the data. Every break is logged at WARNING on the
+        ``asynclock`` logger, naming the holder.
+
+        ``owner`` (an owner as ``info().owner`` shows it) breaks only that
+        hold, not one that took the lock since. Returns the :class:`LockInfo`
+        of the hold it broke (who held it, its token, hold count and lease
+        left), or None when nobody (or not ``owner``) held the lock. The
+        backends' pages say how each breaks a lock (on PostgreSQL a holder
+        whose client does not answer has its session ended).
+
+        Example::
+
+            broken = await locks.break_lock("nightly-report")
+            if broken is not None:
+                log.warning("took nightly-report from %s", broken.owner)
+        """
+        return await break_lock(self._core, name, owner)
 
     async def __aenter__(self) -> Locks:
         try:

@@ -82,6 +82,7 @@ __all__ = [
     "Acquired",
     "Backend",
     "BackendHooks",
+    "Breaks",
     "Busy",
     "Elects",
     "Kind",
@@ -316,6 +317,21 @@ class Listable(Protocol):
 
     async def names(self) -> list[str]:
         """Names of the plain locks held now."""
+
+
+@runtime_checkable
+class Breaks(Protocol):
+    """A backend whose plain locks an operator can force-release (``locks.break_lock``, ``asynclock break``)."""
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Release the plain lock ``ref.name`` whoever holds it: only if ``owner`` holds it, when
+        given (an owner as ``info().owner`` shows it).
+
+        The next holder's token must be larger than the broken hold's, and the
+        broken holder must find out at its next renewal at the latest. Returns
+        what the server said of the hold it broke; None when nobody (or not
+        ``owner``) held it.
+        """
 
 
 _WHAT = {

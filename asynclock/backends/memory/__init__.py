@@ -268,6 +268,16 @@ class MemoryBackend:
             ref.name, key, entry.owner, entry.count, max(0.0, entry.expires_at - _clock()), None, entry.token
         )
 
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Tell the holder's client at once (its body is cancelled), then release the lock from it,
+        which wakes the waiters: they run after the holder's cancellation."""
+        info = await self.info(ref)
+        if info.owner is None or (owner is not None and info.owner != owner):
+            return None
+        for backend in list(_BACKENDS):
+            backend._lost_here([info.owner], "the lock was broken (force-released by locks.break_lock)")
+        return info if _TABLE.release(info.key, info.owner) else None
+
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: the identity its candidate gave, its token, the wall-clock time of its grant."""
         await self._request()

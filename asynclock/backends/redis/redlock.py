@@ -62,6 +62,7 @@ from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_url, seconds, take_query
 from ..._timing import drift
 from ..._values import LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, RenewItem, unsupported
+from .._breaking import break_by_release
 from ._connection import Connection, address
 from ._hash import HashLock
 from ._pubsub import PubSub
@@ -325,6 +326,10 @@ class RedlockBackend:
             waiters=None,
             token=None,
         )
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Release the holder's hold on every node by its identity, as its own release would."""
+        return await break_by_release(self, ref, owner)
 
     async def names(self) -> list[str]:
         """Names of the locks some reachable node has under this client's prefix."""
