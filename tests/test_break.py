@@ -10,6 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import pty
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -196,3 +200,107 @@ async def test_a_postgres_holder_whose_client_does_not_answer_has_its_session_en
     with pytest.raises(LockLost) as lost:
         await asyncio.wait_for(stuck.task, scaled(5))
     assert lost.value.loss == LossReason.CONNECTION_LOST  # its session was ended
+
+
+# -- asynclock break URL NAME [--yes] -------------------------------------------------------
+
+
+async def _cli(*args: str, stdin: int = subprocess.DEVNULL) -> tuple[int, str, str]:
+    """Run ``asynclock break ARGS`` in a process of its own; its exit status, stdout and stderr."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "asynclock",
+        "break",
+        *args,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), scaled(60))
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture(params=[kind for kind in BREAKING if kind != "memory"])
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    """A harness of each server backend (a memory:// lock lives in one process: the command cannot see it)."""
+    async with make_harness(request, request.param) as h:
+        yield h
+
+
+async def test_the_command_with_yes_shows_the_holder_and_breaks_it(server: Harness) -> None:
+    holder, other = server.connect(ttl=TTL), server.connect(ttl=TTL)
+    stuck = Stuck(holder, "jobs:nightly")
+    await asyncio.wait_for(stuck.inside.wait(), scaled(5))
+    assert stuck.lease is not None
+    shown = await other.lock("jobs:nightly").info()
+    status, out, err = await _cli(server.url, "jobs:nightly", "--yes", "--prefix", server.prefix)
+    assert status == 0, err
+    assert shown.owner is not None and shown.owner in out and "broken: lock 'jobs:nightly' was taken from" in out
+    assert "broken by client" in err and f"held by {shown.owner}" in err  # the WARNING of the asynclock logger
+    with pytest.raises(LockLost):
+        await asyncio.wait_for(stuck.task, TTL + scaled(3))
+    lease = await other.lock("jobs:nightly").acquire(timeout=scaled(5))
+    if stuck.lease.token is not None:
+        assert lease.token is not None and lease.token > stuck.lease.token
+    await lease.release()
+
+
+async def _still_held(locks: asynclock.Locks, stuck: Stuck, owner: str | None) -> None:
+    await asyncio.sleep(TTL)  # past a renewal: a break would have been found out
+    assert not stuck.task.done() and stuck.lease is not None and not stuck.lease.lost
+    assert (await locks.lock(stuck.name).info()).owner == owner
+
+
+@pytest.fixture
+async def redis(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    async with make_harness(request, "redis") as h:
+        yield h
+
+
+async def test_with_no_terminal_and_no_yes_the_command_refuses_and_changes_nothing(redis: Harness) -> None:
+    holder, other = redis.connect(ttl=TTL), redis.connect(ttl=TTL)
+    stuck = Stuck(holder, "report")
+    await asyncio.wait_for(stuck.inside.wait(), scaled(5))
+    shown = await other.lock("report").info()
+    status, out, err = await _cli(redis.url, "report", "--prefix", redis.prefix)
+    assert status == 3
+    assert shown.owner is not None and shown.owner in out  # it showed the holder
+    assert "not broken: there is no terminal to ask on; add --yes" in err and "broken by client" not in err
+    await _still_held(other, stuck, shown.owner)
+    await stuck.stop()
+
+
+@pytest.mark.parametrize("answer", [b"n\n", b"\n", b"y\n"])
+async def test_on_a_terminal_the_command_asks_and_breaks_only_on_yes(redis: Harness, answer: bytes) -> None:
+    holder, other = redis.connect(ttl=TTL), redis.connect(ttl=TTL)
+    stuck = Stuck(holder, "report")
+    await asyncio.wait_for(stuck.inside.wait(), scaled(5))
+    shown = await other.lock("report").info()
+    terminal, tty = pty.openpty()
+    try:
+        os.write(terminal, answer)  # typed ahead: the command reads it once it asks
+        status, out, err = await _cli(redis.url, "report", "--prefix", redis.prefix, stdin=tty)
+    finally:
+        os.close(tty)
+        os.close(terminal)
+    assert f"Break lock 'report', held by {shown.owner}? [y/N]" in out
+    if answer == b"y\n":
+        assert status == 0 and "broken: lock 'report'" in out, err
+        with pytest.raises(LockLost):
+            await asyncio.wait_for(stuck.task, TTL + scaled(3))
+    else:
+        assert status == 3 and "not broken" in out and "broken by client" not in err
+        await _still_held(other, stuck, shown.owner)
+        await stuck.stop()
+
+
+async def test_the_command_on_a_free_lock_breaks_nothing(redis: Harness) -> None:
+    status, out, err = await _cli(redis.url, "idle", "--yes", "--prefix", redis.prefix)
+    assert status == 0 and "lock 'idle' is not held: nothing to break" in out and not err
+
+
+async def test_the_command_on_a_server_that_is_not_there_fails_with_status_1() -> None:
+    status, _, err = await _cli("redis://127.0.0.1:1/0", "x", "--yes", "--timeout", "3")
+    assert status == 1 and err.startswith("asynclock break: ") and "127.0.0.1:1" in err
