@@ -223,9 +223,11 @@ class Locks:
         ``owner`` (an owner as ``info().owner`` shows it) breaks only that
         hold, not one that took the lock since. Returns the :class:`LockInfo`
         of the hold it broke (who held it, its token, hold count and lease
-        left), or None when nobody (or not ``owner``) held the lock. The
-        backends' pages say how each breaks a lock (on PostgreSQL a holder
-        whose client does not answer has its session ended).
+        left), or None when nobody (or not ``owner``) held the lock, or when
+        the holder let go while it was being broken (whoever took the lock
+        then keeps it). The operations page says how each backend breaks a
+        lock (on PostgreSQL a holder whose client does not answer has its
+        session ended).
 
         Example::
 

@@ -330,7 +330,8 @@ class Breaks(Protocol):
         The next holder's token must be larger than the broken hold's, and the
         broken holder must find out at its next renewal at the latest. Returns
         what the server said of the hold it broke; None when nobody (or not
-        ``owner``) held it.
+        ``owner``) held it, or when the holder it read let go before the break
+        (then the lock's next holder keeps it).
         """
 
 

@@ -15,6 +15,7 @@ import pty
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -24,7 +25,7 @@ from asynclock import LockLost, LossReason
 from asynclock.backends.postgres import advisory_key
 from tests.conftest import make_harness
 from tests.harnesses import Harness
-from tests.harnesses.postgres import PostgresHarness, pg_listener
+from tests.harnesses.postgres import PostgresHarness, pg_listener, pg_running
 from tests.servers import scaled
 
 pytestmark = pytest.mark.anyio
@@ -122,6 +123,54 @@ async def test_a_free_lock_or_another_owner_is_left_alone(harness: Harness, capl
     await again.release()
     async with asyncio.timeout(TTL + scaled(3)):
         await lease.wait_lost()
+
+
+def _gate_the_read(
+    harness: Harness, operator: asynclock.Locks, monkeypatch: pytest.MonkeyPatch
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """Hold the operator's break between its read of the holder and the break itself: set the first
+    event once the read is done, wait for the second before going on."""
+    read, go = asyncio.Event(), asyncio.Event()
+
+    def gated(original: Any) -> Any:
+        async def reading(*args: Any, **kwargs: Any) -> Any:
+            found = await original(*args, **kwargs)
+            read.set()
+            await go.wait()
+            return found
+
+        return reading
+
+    if harness.kind == "zookeeper":
+        from asynclock.backends.zookeeper import _breaking
+
+        monkeypatch.setattr(_breaking, "describe", gated(_breaking.describe))
+    elif harness.kind == "postgres":
+        inspector = pg_running(operator).inspector  # type: ignore[union-attr]
+        monkeypatch.setattr(inspector, "holders", gated(inspector.holders))
+    else:
+        monkeypatch.setattr(operator.backend, "info", gated(operator.backend.info))
+    return read, go
+
+
+async def test_a_holder_that_lets_go_while_it_is_broken_leaves_the_next_holder_alone(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder, waiter, operator = (harness.connect(ttl=TTL) for _ in range(3))
+    await operator.open()
+    lease = await holder.lock("race").acquire()
+    got = asyncio.create_task(waiter.lock("race").acquire(detached=True))
+    await _waiting(operator.lock("race"), harness)
+    read, go = _gate_the_read(harness, operator, monkeypatch)
+    breaking = asyncio.create_task(operator.break_lock("race"))
+    await asyncio.wait_for(read.wait(), scaled(5))  # it read the holder...
+    await lease.release()  # ...which lets go: the waiter takes the lock
+    taken = await asyncio.wait_for(got, scaled(5))
+    go.set()
+    assert await asyncio.wait_for(breaking, scaled(10)) is None
+    await asyncio.sleep(TTL)  # past a renewal: a break would have been found out
+    assert not taken.lost
+    await taken.release()
 
 
 async def test_breaking_a_hold_of_the_same_client_loses_it_at_once(harness: Harness) -> None:

@@ -315,7 +315,7 @@ class EtcdBackend:
 
     async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
         """Delete the holder's key, whoever put it, if it still holds (``_breaking.py``)."""
-        return await break_holder(self._client, self._holds, lambda: self.info(ref), ref, owner, self._session.window())
+        return await break_holder(self._client, self._holds, lambda: self.info(ref), owner, self._session.window())
 
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: the first candidate's value (identity) and create revision (token)."""

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from ..._errors import LockError
 from ..._values import LockInfo
-from ...abc import LockRef
-from .._breaking import ATTEMPTS
 from ._client import EtcdClient
 from ._holds import Holds
 from ._wire import EQUAL, TARGET_CREATE, Compare, Op
@@ -27,19 +24,16 @@ async def break_holder(
     client: EtcdClient,
     holds: Holds,
     read: Callable[[], Awaitable[LockInfo]],
-    ref: LockRef,
     owner: str | None,
     timeout: float,
 ) -> LockInfo | None:
-    """Delete the key holding the lock (only ``owner``'s, if given), as ``read`` shows it; what it broke, or None."""
-    for _ in range(ATTEMPTS):
-        info = await read()
-        if info.owner is None or info.token is None or (owner is not None and info.owner != owner):
-            return None
-        # (this client's holder is shown by its hold id, another's by its key)
-        ours = {node.hold: node.contender.key for node in holds.nodes() if node.held and node.contender is not None}
-        key = ours.get(info.owner, info.owner.encode())
-        same = Compare(key, target=TARGET_CREATE, result=EQUAL, value=info.token)
-        if (await client.txn([same], [Op.delete(key)], timeout=timeout)).succeeded:
-            return info
-    raise LockError(f"lock {ref.name!r} changed hands {ATTEMPTS} times while it was being broken; try again")
+    """Delete the key holding the lock (only ``owner``'s, if given), as ``read`` shows it; what it broke,
+    or None (free, another owner's, or released meanwhile)."""
+    info = await read()
+    if info.owner is None or info.token is None or (owner is not None and info.owner != owner):
+        return None
+    # (this client's holder is shown by its hold id, another's by its key)
+    ours = {node.hold: node.contender.key for node in holds.nodes() if node.held and node.contender is not None}
+    key = ours.get(info.owner, info.owner.encode())
+    same = Compare(key, target=TARGET_CREATE, result=EQUAL, value=info.token)
+    return info if (await client.txn([same], [Op.delete(key)], timeout=timeout)).succeeded else None

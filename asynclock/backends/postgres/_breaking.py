@@ -28,11 +28,10 @@ from typing import Any
 
 import asyncpg
 
-from ..._errors import ConfigurationError, LockError
+from ..._errors import ConfigurationError
 from ..._values import LockInfo
 from ...abc import LockRef
 from .._background import Background
-from .._breaking import ATTEMPTS
 from ._grants import Grants
 from ._hold import Hold, KeyState
 from ._inspect import Holder, Inspector, describe
@@ -91,25 +90,24 @@ class Breaker:
     # -- the breaking client -----------------------------------------------------------
 
     async def break_lock(self, ref: LockRef, main: Key, key_name: str, owner: str | None) -> LockInfo | None:
-        """Take the plain lock of ``main`` from its holder (only ``owner``'s hold, if given); what it broke, or None."""
+        """Take the plain lock of ``main`` from its holder (only ``owner``'s hold, if given); what it broke,
+        or None (free, another owner's, or let go of meanwhile)."""
         check = name_check(self._prefix, ref.name)
-        for _ in range(ATTEMPTS):
-            holders, waiters = await self._inspector.holders(ref, main, [main])
-            if not holders or (owner is not None and holders[0].hold != owner):
-                return None
-            holder = holders[0]
-            if holder.mine:
-                outcome = await self.give_up(main, holder.pid, check)
-            elif holder.backend is not None:
-                outcome = await self._ask(holder, main, check)
-            else:
-                outcome = "?"  # not a session of asynclock's: nobody to ask
-            if outcome == "n":
-                continue  # it let go meanwhile: read again
-            if outcome != "y":
-                await self._end_session(holder, main)
-            return describe(ref, key_name, holders, waiters)
-        raise LockError(f"lock {ref.name!r} changed hands {ATTEMPTS} times while it was being broken; try again")
+        holders, waiters = await self._inspector.holders(ref, main, [main])
+        if not holders or (owner is not None and holders[0].hold != owner):
+            return None
+        holder = holders[0]
+        if holder.mine:
+            outcome = await self.give_up(main, holder.pid, check)
+        elif holder.backend is not None:
+            outcome = await self._ask(holder, main, check)
+        else:
+            outcome = "?"  # not a session of asynclock's: nobody to ask
+        if outcome == "n":
+            return None  # it let go meanwhile
+        if outcome != "y":
+            await self._end_session(holder, main)
+        return describe(ref, key_name, holders, waiters)
 
     async def _ask(self, holder: Holder, key: Key, check: str) -> str:
         """Ask the holder's client to give its hold up; its answer, or ``?`` if none came in time."""
