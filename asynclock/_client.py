@@ -78,17 +78,9 @@ class Locks:
 
     @property
     def guarantees(self) -> frozenset[str]:
-        """What this client's backend guarantees, as it is configured; no I/O.
-
-        A frozenset of these words: ``"fencing"`` (tokens that never
-        regress), ``"fifo"`` (a fair lock is offered), ``"reentrant"``,
-        ``"notifications"`` (waiters are woken, never poll),
-        ``"survives_failover"`` (a promoted replica cannot grant a held lock
-        again), ``"session"`` (the lease is a server session), ``"interop"``
-        (another ecosystem's client shares the locks). The documentation's
-        "Testing and guarantees" page has the table for every backend, and why.
-        ``connect(url, require={...})`` refuses a backend that lacks a word.
-        """
+        """What the backend guarantees as configured, in words: ``"fencing"``, ``"fifo"``, ``"reentrant"``,
+        ``"notifications"``, ``"survives_failover"``, ``"session"``, ``"interop"`` (what each means, and the
+        table of every backend: "Testing and guarantees" in the documentation). No I/O."""
         return frozenset(getattr(self._core.backend, "guarantees", ()))
 
     def lock(self, name: str, *, ttl: float | None = None, fair: bool = False, max_hold: float | None = None) -> Lock:
@@ -211,29 +203,19 @@ class Locks:
     async def break_lock(self, name: str, *, owner: str | None = None) -> LockInfo | None:
         """Force-release the plain lock ``name``, whoever holds it: the way out of a stuck lock.
 
-        The hold is taken away on the server and the lock goes to the next
-        waiter, whose fencing token is larger than the broken hold's. The
-        holder finds out at its next renewal, within a third of its ttl (at
-        once where the backend can tell it sooner, and for a hold of this
-        client), and its ``async with`` body is cancelled with
-        :class:`LockLost`; until then it may still run, and only fencing
-        tokens protect the data. Every break is logged at WARNING on the
-        ``asynclock`` logger, naming the holder.
-
-        ``owner`` (an owner as ``info().owner`` shows it) breaks only that
-        hold, not one that took the lock since. Returns the :class:`LockInfo`
-        of the hold it broke (who held it, its token, hold count and lease
-        left), or None when nobody (or not ``owner``) held the lock, or when
-        the holder let go while it was being broken (whoever took the lock
-        then keeps it). The operations page says how each backend breaks a
-        lock (on PostgreSQL a holder whose client does not answer has its
-        session ended).
+        The lock goes to the next waiter, with a larger fencing token. The
+        holder finds out at its next renewal at the latest (sooner where the
+        backend can tell it, at once for this client's own hold) and its
+        ``async with`` body is cancelled with :class:`LockLost`; until then
+        only fencing tokens protect the data. Each break is logged at WARNING,
+        naming the holder. ``owner`` (as ``info().owner`` shows it) breaks
+        only that hold. Returns the :class:`LockInfo` of the hold it broke;
+        None if nobody (or not ``owner``) held it, or the holder let go
+        meanwhile. How each backend breaks a lock: the operations page.
 
         Example::
 
             broken = await locks.break_lock("nightly-report")
-            if broken is not None:
-                log.warning("took nightly-report from %s", broken.owner)
         """
         return await break_lock(self._core, name, owner)
 
