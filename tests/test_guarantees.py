@@ -254,7 +254,7 @@ class ReplicasHarness(RedisHarness):
 
 
 @pytest.fixture(params=CLAIMED)
-async def claims(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Harness]]:
+async def claim_harness(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Harness]]:
     """A harness for each configuration, and the row of the table it should read."""
     if request.param == "redis+replicas":
         primary, _ = request.getfixturevalue("primary_and_replica")
@@ -272,8 +272,8 @@ async def _client(configuration: str, harness: Harness, ttl: float = TTL) -> asy
     return locks
 
 
-async def test_fencing_claim(claims: tuple[str, Harness]) -> None:
-    configuration, harness = claims
+async def test_fencing_claim(claim_harness: tuple[str, Harness]) -> None:
+    configuration, harness = claim_harness
     a, b = await _client(configuration, harness), await _client(configuration, harness)
     tokens = []
     for locks in (a, b, a, b):
@@ -286,8 +286,8 @@ async def test_fencing_claim(claims: tuple[str, Harness]) -> None:
         assert tokens == [None] * 4
 
 
-async def test_fifo_claim(claims: tuple[str, Harness]) -> None:
-    configuration, harness = claims
+async def test_fifo_claim(claim_harness: tuple[str, Harness]) -> None:
+    configuration, harness = claim_harness
     holder = await _client(configuration, harness)
     if "fifo" not in holder.guarantees:
         with pytest.raises(NotImplementedError):
@@ -312,8 +312,8 @@ async def test_fifo_claim(claims: tuple[str, Harness]) -> None:
     assert order == [0, 1, 2]
 
 
-async def test_reentrant_claim(claims: tuple[str, Harness]) -> None:
-    configuration, harness = claims
+async def test_reentrant_claim(claim_harness: tuple[str, Harness]) -> None:
+    configuration, harness = claim_harness
     locks, other = await _client(configuration, harness), await _client(configuration, harness)
     assert "reentrant" in locks.guarantees  # every backend: re-entry is counted per owner task
     lock = locks.lock("again")
@@ -328,10 +328,10 @@ async def test_reentrant_claim(claims: tuple[str, Harness]) -> None:
     await other.lock("again").release()
 
 
-async def test_notifications_claim(claims: tuple[str, Harness]) -> None:
+async def test_notifications_claim(claim_harness: tuple[str, Harness]) -> None:
     """A waiter makes no request while the lock stays held (a few at most, not one per poll), and a
     release wakes it at once, long before the holder's ttl would have."""
-    configuration, harness = claims
+    configuration, harness = claim_harness
     ttl = scaled(20)
     holder, waiter = await _client(configuration, harness, ttl), await _client(configuration, harness, ttl)
     if "notifications" not in holder.guarantees:
