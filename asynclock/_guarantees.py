@@ -377,7 +377,9 @@ def replace_in(text: str, table: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m asynclock._guarantees", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m asynclock._guarantees", description="Print (or write into a page) the guarantees table."
+    )
     parser.add_argument("--write", metavar="PAGE", type=Path, help="write the table into PAGE, between its markers")
     args = parser.parse_args(argv)
     table = render()
