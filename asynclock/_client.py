@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
+from ._break import break_lock
 from ._closing import close
 from ._core import CLIENT_CLOSED, CLIENT_CLOSING, Core
 from ._election import Election
@@ -19,7 +20,7 @@ from ._options import DEFAULT_CONNECT_TIMEOUT, seconds
 from ._singleton import Singleton, make_singleton
 from ._timing import REQUEST_WINDOW
 from ._validate import check_max_hold, check_name, check_ttl
-from ._values import Health
+from ._values import Health, LockInfo
 from .abc import Backend, LockRef
 
 __all__ = ["EventCallback", "Locks"]
@@ -74,6 +75,13 @@ class Locks:
     def ttl(self) -> float:
         """The default lease time of this client's locks, in seconds."""
         return self._core.ttl
+
+    @property
+    def guarantees(self) -> frozenset[str]:
+        """What the backend guarantees as configured, in words: ``"fencing"``, ``"fifo"``, ``"reentrant"``,
+        ``"notifications"``, ``"survives_failover"``, ``"session"``, ``"interop"`` (what each means, and the
+        table of every backend: "Testing and guarantees" in the documentation). No I/O."""
+        return frozenset(getattr(self._core.backend, "guarantees", ()))
 
     def lock(self, name: str, *, ttl: float | None = None, fair: bool = False, max_hold: float | None = None) -> Lock:
         """A handle on the lock ``name``; cheap, no I/O.
@@ -191,6 +199,25 @@ class Locks:
         if info.token is None:
             raise NotImplementedError(f"{self._core.backend.scheme}:// gives no fencing tokens to check")
         return info.token == token
+
+    async def break_lock(self, name: str, *, owner: str | None = None) -> LockInfo | None:
+        """Force-release the plain lock ``name``, whoever holds it: the way out of a stuck lock.
+
+        The lock goes to the next waiter, with a larger fencing token. The
+        holder finds out at its next renewal at the latest (sooner where the
+        backend can tell it, at once for this client's own hold) and its
+        ``async with`` body is cancelled with :class:`LockLost`; until then
+        only fencing tokens protect the data. Each break is logged at WARNING,
+        naming the holder. ``owner`` (as ``info().owner`` shows it) breaks
+        only that hold. Returns the :class:`LockInfo` of the hold it broke;
+        None if nobody (or not ``owner``) held it, or the holder let go
+        meanwhile. How each backend breaks a lock: the operations page.
+
+        Example::
+
+            broken = await locks.break_lock("nightly-report")
+        """
+        return await break_lock(self._core, name, owner)
 
     async def __aenter__(self) -> Locks:
         try:

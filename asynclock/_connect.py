@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ._client import EventCallback, Locks
+from ._errors import ConfigurationError
+from ._guarantees import TABLE, WORDS, check_words, missing
 from ._options import DEFAULT_CONNECT_TIMEOUT, mask_url, seconds, suggest, take_query
 from ._validate import check_ttl
 from .abc import Backend
@@ -21,6 +24,7 @@ def connect(
     prefix: str | None = None,
     on_event: EventCallback | None = None,
     connect_timeout: float | None = None,
+    require: Iterable[str] | None = None,
     **options: Any,
 ) -> Locks:
     """A lock client for ``target``: a URL, or an existing client object.
@@ -49,6 +53,12 @@ def connect(
     (``redis://h:6379/0?ttl=10&prefix=app``); the backend's own options and
     those of its client library may come either way too.
 
+    ``require`` is a set of guarantees the application relies on (the words
+    of :attr:`Locks.guarantees`, e.g. ``{"fencing"}``): a backend that, as
+    configured, does not give one of them raises :class:`ConfigurationError`
+    naming what it lacks, and a word that is not one of them raises
+    ValueError; both before any I/O.
+
     No I/O happens here; the connection is made when the returned client is
     entered (``async with``) or first used.
 
@@ -61,6 +71,7 @@ def connect(
     Raises ValueError for an unknown scheme, an unknown option (naming the
     valid ones) or a bad value, and TypeError for an unsupported object.
     """
+    required = check_words(require) if require is not None else frozenset()
     if connect_timeout is not None:
         connect_timeout = seconds(connect_timeout, "connect_timeout")
     if isinstance(target, str):
@@ -69,7 +80,22 @@ def connect(
         chosen = DEFAULT_CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
         backend, url_opts = _from_client(target, prefix, options, chosen), {"connect_timeout": chosen}
     chosen_ttl = ttl if ttl is not None else url_opts.get("ttl", 30.0)
-    return Locks(backend, ttl=check_ttl(chosen_ttl), on_event=on_event, connect_timeout=url_opts["connect_timeout"])
+    locks = Locks(backend, ttl=check_ttl(chosen_ttl), on_event=on_event, connect_timeout=url_opts["connect_timeout"])
+    lacking = missing(required, locks.guarantees)
+    if lacking:
+        raise ConfigurationError(_lacking(backend.scheme, lacking, locks.guarantees))
+    return locks
+
+
+def _lacking(scheme: str, lacking: list[str], offered: frozenset[str]) -> str:
+    """Why ``connect(require=...)`` refused: what is missing, what there is, and where a variant has it."""
+    what = ", ".join(f"{word!r} ({WORDS[word]})" for word in lacking)
+    has = ", ".join(word for word in WORDS if word in offered) or "none of the words"
+    message = f"the {scheme} backend, as configured, does not guarantee {what}; it guarantees: {has}"
+    variant = TABLE.get(f"{scheme}+replicas")
+    if variant is not None and not missing(frozenset(lacking), variant.words):
+        message += "; with replicas=N (replicas that confirm every acquire and renewal) it does"
+    return message
 
 
 def _from_url(

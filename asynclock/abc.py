@@ -57,6 +57,11 @@ kinds are one lock, as the fair lock is the plain lock where that is FIFO).
 Every method translates its client library's errors into
 ``BackendUnavailable``, ``ConfigurationError`` or ``LockError`` at its edge.
 
+What a backend guarantees, as configured, is its ``guarantees`` (a class
+attribute or a property): a frozenset of the words of
+``asynclock.Locks.guarantees``, which ``connect(url, require=...)`` checks.
+A backend without it guarantees none of them, as far as ``require`` goes.
+
 Testing a backend: :mod:`asynclock.testing.conformance` is the contract
 suite that asynclock's own backends pass, as a test class to subclass. A
 backend's tests give it a ``Harness`` (how to connect a client,
@@ -77,6 +82,7 @@ __all__ = [
     "Acquired",
     "Backend",
     "BackendHooks",
+    "Breaks",
     "Busy",
     "Elects",
     "Kind",
@@ -311,6 +317,22 @@ class Listable(Protocol):
 
     async def names(self) -> list[str]:
         """Names of the plain locks held now."""
+
+
+@runtime_checkable
+class Breaks(Protocol):
+    """A backend whose plain locks an operator can force-release (``locks.break_lock``, ``asynclock break``)."""
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Release the plain lock ``ref.name`` whoever holds it: only if ``owner`` holds it, when
+        given (an owner as ``info().owner`` shows it).
+
+        The next holder's token must be larger than the broken hold's, and the
+        broken holder must find out at its next renewal at the latest. Returns
+        what the server said of the hold it broke; None when nobody (or not
+        ``owner``) held it, or when the holder it read let go before the break
+        (then the lock's next holder keeps it).
+        """
 
 
 _WHAT = {

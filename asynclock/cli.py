@@ -1,7 +1,8 @@
 """The ``asynclock`` command.
 
 ``asynclock inspect URL [NAME ...] [--json] [--timeout S]`` prints who holds
-which lock. ``asynclock demo`` shows, as a live timeline, workers contending
+which lock. ``asynclock break URL NAME [--yes]`` force-releases a stuck lock
+(it shows the holder and asks first). ``asynclock demo`` shows, as a live timeline, workers contending
 for one lock: handoffs, fencing tokens, watchdog renewals, a holder that dies
 and a lease taken away from its holder. ``asynclock --version`` prints the
 version. Run ``asynclock COMMAND --help`` for a command's options.
@@ -50,8 +51,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with messages that name only what a user can type."""
 
     def error(self, message: str) -> NoReturn:
-        # A missing URL makes argparse call the optional NAMEs required too.
-        message = message.replace("required: URL, NAME", "required: URL")
+        # A missing URL makes argparse call inspect's optional NAMEs required too.
+        if self.prog.endswith(" inspect"):
+            message = message.replace("required: URL, NAME", "required: URL")
         # An unknown command lists the public ones only.
         message = message.replace(f", '{_WORKER_COMMAND}'", "")
         super().error(message)
@@ -109,6 +111,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up (exit status 1) if the server has not answered within this many seconds (default: 5)",
     )
 
+    breaking = commands.add_parser(
+        "break",
+        help="force-release a stuck lock: show its holder, ask, and break it",
+        description=(
+            "Force-release the lock NAME, whoever holds it: its holder's body is cancelled when it finds out"
+            " (at its next renewal at the latest) and the next holder gets a larger fencing token. Shows the"
+            " holder first and asks; with no terminal to ask on it refuses unless --yes is given. Exit status:"
+            " 0 broken (or not held), 1 an error, 2 a wrong command line, 3 not broken (not confirmed, or the"
+            " lock changed hands since it was shown)."
+        ),
+    )
+    breaking.add_argument("url", metavar="URL", help="lock server URL, e.g. redis://127.0.0.1:6379/0")
+    breaking.add_argument("name", metavar="NAME", help="the lock's name")
+    breaking.add_argument("--yes", action="store_true", help="break it without asking")
+    breaking.add_argument("--prefix", help="key prefix the application uses (default: asynclock)")
+    breaking.add_argument(
+        "--timeout",
+        type=_seconds_between(0.01, 3600, "the timeout"),
+        default=10.0,
+        help="give up (exit status 1) if the server has not answered within this many seconds (default: 10)",
+    )
+
     # Without help=, argparse leaves it out of the command list.
     worker = commands.add_parser(_WORKER_COMMAND)
     worker.add_argument("--url", required=True)
@@ -140,6 +164,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(table)
         return 0
+    if args.command == "break":
+        from ._errors import LockError
+        from ._operator import FAILED, run_break
+
+        try:
+            return run_break(args.url, args.name, prefix=args.prefix, yes=args.yes, timeout=args.timeout)
+        except (LockError, ValueError, TypeError, OSError, NotImplementedError) as exc:
+            print(f"asynclock break: {mask_secrets(str(exc), args.url)}", file=sys.stderr)
+            return FAILED
     if args.command == _WORKER_COMMAND:
         from ._demo import run_worker_process
 

@@ -41,7 +41,7 @@ def test_version() -> None:
 def test_help_lists_only_the_public_commands() -> None:
     done = run("--help")
     assert done.returncode == 0
-    assert "demo" in done.stdout and "inspect" in done.stdout and "--version" in done.stdout
+    assert "demo" in done.stdout and "inspect" in done.stdout and "break" in done.stdout and "--version" in done.stdout
     assert "demo-worker" not in done.stdout
     wrong = run("bogus")
     assert wrong.returncode == 2
@@ -52,6 +52,7 @@ def test_help_lists_only_the_public_commands() -> None:
     ("args", "says"),
     [
         (("inspect",), "the following arguments are required: URL\n"),
+        (("break", "memory://", "x", "--timeout", "0"), "the timeout must be between 0.01 and 3600 seconds, got 0"),
         (("demo", "--ttl", "abc"), "the ttl must be a number of seconds, got 'abc'"),
         (("demo", "--ttl", "100"), "the ttl must be between 0.2 and 60 seconds, got 100"),
         (("demo", "--workers", "x"), "the number of workers must be a whole number, got 'x'"),
@@ -65,6 +66,12 @@ def test_messages_say_what_to_type(args: tuple[str, ...], says: str) -> None:
     assert done.returncode in (1, 2)
     assert says in done.stderr
     assert "_ttl" not in done.stderr and "_workers" not in done.stderr and "NAME" not in done.stderr.splitlines()[-1]
+
+
+def test_break_names_the_lock_it_needs() -> None:
+    done = run("break", "redis://127.0.0.1:1/0")
+    assert done.returncode == 2
+    assert done.stderr.endswith("asynclock break: error: the following arguments are required: NAME\n")
 
 
 @pytest.mark.parametrize(

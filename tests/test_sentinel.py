@@ -63,6 +63,30 @@ class TestContract(ServerContract):
     """The conformance suite, through the sentinels (with this module's ``harness``)."""
 
 
+async def test_an_operator_breaks_a_lock_through_the_sentinels(harness: SentinelHarness) -> None:
+    holder, waiter, operator = (harness.connect(ttl=scaled(0.6)) for _ in range(3))
+    inside = asyncio.Event()
+
+    async def stuck() -> None:
+        async with holder.lock("stuck"):
+            inside.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(stuck())
+    await asyncio.wait_for(inside.wait(), scaled(5))
+    got = asyncio.create_task(waiter.lock("stuck").acquire(detached=True))
+    async with asyncio.timeout(scaled(5)):
+        while not (await operator.lock("stuck").info()).waiters:
+            await asyncio.sleep(0.01)
+    broken = await operator.break_lock("stuck")
+    assert broken is not None and broken.owner is not None and broken.owner.startswith(holder.client_id)
+    with pytest.raises(LockLost):
+        await asyncio.wait_for(task, scaled(4))
+    lease = await asyncio.wait_for(got, scaled(5))
+    assert broken.token is not None and lease.token is not None and lease.token > broken.token
+    await lease.release()
+
+
 @pytest.fixture
 def setup() -> Iterator[SentinelSetup]:
     """A topology of this test's own: it kills the primary."""

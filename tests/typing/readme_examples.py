@@ -120,3 +120,16 @@ async def singleton_job(locks: asynclock.Locks) -> None:
     run: asynclock.JobRun[int] = await nightly_report.attempt("tuesday")
     ran: bool = run.ran
     print(value, ran, run.value, run.token)
+
+
+def guarantees() -> None:
+    locks = asynclock.connect("zk://zk1:2181/app", require={"fencing", "survives_failover"})
+    words: frozenset[str] = locks.guarantees
+    print("session" in words)
+
+
+async def breaking(locks: asynclock.Locks) -> None:
+    broken: asynclock.LockInfo | None = await locks.break_lock("jobs:nightly")
+    if broken is not None:
+        again = await locks.break_lock("jobs:nightly", owner=broken.owner)
+        print(broken.owner, broken.token, again)

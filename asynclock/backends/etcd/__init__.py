@@ -78,9 +78,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the etcd backend needs grpcio: pip install 'asynclock[etcd]'") from exc
 
 from ..._errors import BackendUnavailable, LockError
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
+from ._breaking import break_holder
 from ._channel import TlsOptions
 from ._client import EtcdClient
 from ._describe import describe, lock_names
@@ -105,6 +107,8 @@ class EtcdBackend:
     """
 
     scheme = "etcd"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["etcd"].words
 
     def __init__(
         self,
@@ -308,6 +312,10 @@ class EtcdBackend:
         key = self.lock_key(ref)
         local = self._queue.turns.waiting(key)  # (tasks of this client waiting for its key of a Mutex)
         return await describe(self._client, self._session, self._holds.nodes(), ref, key, local=local)
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Delete the holder's key, whoever put it, if it still holds (``_breaking.py``)."""
+        return await break_holder(self._client, self._holds, lambda: self.info(ref), owner, self._session.window())
 
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: the first candidate's value (identity) and create revision (token)."""

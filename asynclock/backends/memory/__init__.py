@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import BackendUnavailable
+from ..._guarantees import TABLE
 from ..._options import query_names, reject_unknown
 from ..._values import Leader, LockInfo, LossReason
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
@@ -85,6 +86,8 @@ class MemoryBackend:
     """
 
     scheme = "memory"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["memory"].words
 
     def __init__(self, *, prefix: str = "asynclock") -> None:
         self._prefix = prefix
@@ -264,6 +267,16 @@ class MemoryBackend:
         return LockInfo(
             ref.name, key, entry.owner, entry.count, max(0.0, entry.expires_at - _clock()), None, entry.token
         )
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Tell the holder's client at once (its body is cancelled), then release the lock from it,
+        which wakes the waiters: they run after the holder's cancellation."""
+        info = await self.info(ref)
+        if info.owner is None or (owner is not None and info.owner != owner):
+            return None
+        for backend in list(_BACKENDS):
+            backend._lost_here([info.owner], "the lock was broken (force-released by locks.break_lock)")
+        return info if _TABLE.release(info.key, info.owner) else None
 
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: the identity its candidate gave, its token, the wall-clock time of its grant."""

@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._errors import BackendUnavailable
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, reject_unknown
-from ..._values import Leader, LockInfo
+from ..._values import Leader, LockInfo, LossReason
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
 from ._config import dsn_address, dsn_secrets, parse_url, pool_address
 from ._errors import Translation
@@ -43,6 +44,8 @@ class PostgresBackend:
     """
 
     scheme = "postgres"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["postgres"].words
 
     def __init__(
         self,
@@ -260,9 +263,9 @@ class PostgresBackend:
         if self._running is not None:
             self._running.listener_lost()
 
-    def _lose(self, holds: list[str]) -> None:
+    def _lose(self, holds: list[str], reason: str = _LOST, loss: LossReason = LossReason.CONNECTION_LOST) -> None:
         if self._hooks is not None:
-            self._hooks.lose(holds, _LOST)
+            self._hooks.lose(holds, reason, loss)
 
     # -- holding and releasing ----------------------------------------------------------
 
@@ -307,6 +310,10 @@ class PostgresBackend:
 
     async def info(self, ref: LockRef) -> LockInfo:
         return await self._running_or_closed().info(ref, self._main_key(ref), self.lock_key(ref))
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Ask the holder's client to give the hold up; end the holder's session if it cannot (``_breaking``)."""
+        return await self._running_or_closed().breaker.break_lock(ref, self._main_key(ref), self.lock_key(ref), owner)
 
     async def names(self) -> list[str]:
         """Names under this client's fence table whose (plain or fair) lock is held right now."""

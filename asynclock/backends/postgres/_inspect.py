@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from ..._values import LockInfo
@@ -31,7 +32,7 @@ from ._listener import Listener
 from ._sessions import Sessions
 from ._sql import LOCKS_ON, NOTIFY_EACH, Statements
 
-__all__ = ["ASK_TIMEOUT", "Inspector"]
+__all__ = ["ASK_TIMEOUT", "Holder", "Inspector", "describe"]
 
 logger = logging.getLogger("asynclock")
 
@@ -43,6 +44,22 @@ ANSWER_MAX = 60
 
 def _unsigned(key: Key) -> tuple[int, int]:
     return key[0] & 0xFFFFFFFF, key[1] & 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One hold of a key as the server and the holders' clients tell it."""
+
+    #: the hold id (a client that did not answer: ``<client id> (pid N)``; a session not of
+    #: asynclock: ``pid N (<application_name>)``)
+    hold: str
+    token: int | None
+    count: int
+    #: the session that holds the key
+    pid: int
+    #: whose session it is: this client's, another asynclock client's (its backend id), or neither
+    mine: bool
+    backend: str | None
 
 
 class Inspector:
@@ -68,6 +85,11 @@ class Inspector:
 
     async def info(self, ref: LockRef, main: Key, held: list[Key], key_name: str) -> LockInfo:
         """What the server and the holders' clients say about ``ref`` (its ``main`` key, ``held`` keys)."""
+        holders, waiters = await self.holders(ref, main, held)
+        return describe(ref, key_name, holders, waiters)
+
+    async def holders(self, ref: LockRef, main: Key, held: list[Key]) -> tuple[list[Holder], int]:
+        """Who holds ``ref`` (its ``main`` key, ``held`` keys), and how many wait."""
         listener, sql = self._listener, self._sql
         m1, m2 = _unsigned(main)
         u1 = [_unsigned(k)[0] for k in held]
@@ -104,7 +126,7 @@ class Inspector:
             else:
                 entries.append((pid, None, None, f"pid {pid} ({row['app'] or 'not asynclock'})"))
         answers = await self._ask(ask, main) if ask else {}
-        holders: list[tuple[str, int | None, int]] = []  # (hold, token, count)
+        holders: list[Holder] = []
         for pid, backend, _client, fallback in entries:
             if pid in mine:
                 if state is not None:
@@ -116,26 +138,15 @@ class Inspector:
                             and record.ref.name == ref.name
                             and not record.lost
                         ):
-                            holders.append((record.hold, record.token, record.count))
+                            holders.append(Holder(record.hold, record.token, record.count, pid, True, None))
                 continue
             if backend is not None and backend in answers:
                 for hold, token, count, their_check, their_pid in answers[backend]:
                     if their_pid == pid and their_check == check:
-                        holders.append((hold, token, count))
+                        holders.append(Holder(hold, token, count, pid, False, backend))
                 continue
-            if backend is None or backend not in answers:
-                holders.append((fallback, None, 1))
-        owner = holders[0] if holders else None
-        return LockInfo(
-            name=ref.name,
-            key=key_name,
-            owner=owner[0] if owner else None,
-            hold_count=owner[2] if owner else 0,
-            ttl=None,
-            waiters=waiters,
-            token=owner[1] if owner else None,
-            holders=tuple(hold for hold, _, _ in holders),
-        )
+            holders.append(Holder(fallback, None, 1, pid, False, backend))
+        return holders, waiters
 
     async def _ask(self, backends: set[str], key: Key) -> dict[str, list[Any]]:
         """Ask ``backends`` for their holds of ``key``; their answers within ``ASK_TIMEOUT``."""
@@ -207,3 +218,18 @@ class Inspector:
         sql = self._sql
         rows = await self._listener.statement(lambda conn: conn.fetch(sql.held_names))
         return [bytes(row["name"]).decode() for row in rows]
+
+
+def describe(ref: LockRef, key_name: str, holders: list[Holder], waiters: int) -> LockInfo:
+    """The LockInfo of ``ref`` with these holders (the first is the owner) and waiters."""
+    owner = holders[0] if holders else None
+    return LockInfo(
+        name=ref.name,
+        key=key_name,
+        owner=owner.hold if owner else None,
+        hold_count=owner.count if owner else 0,
+        ttl=None,
+        waiters=waiters,
+        token=owner.token if owner else None,
+        holders=tuple(holder.hold for holder in holders),
+    )

@@ -13,11 +13,13 @@ the listening session ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from ..._timing import request_window
-from ..._values import LockInfo
+from ..._values import LockInfo, LossReason
 from ...abc import LockRef, RenewItem
+from ._breaking import Breaker
 from ._election import Elections
 from ._errors import Translation
 from ._grants import Grants
@@ -32,10 +34,16 @@ from ._semaphore import Permits
 from ._sessions import Sessions
 from ._tokens import Schema
 
-__all__ = ["KEYS_KEPT", "Running"]
+__all__ = ["KEYS_KEPT", "Lose", "Running"]
 
 #: States of keys kept while nothing is on them (a key taken again soon needs no new one).
 KEYS_KEPT = 1024
+
+
+class Lose(Protocol):
+    """How the backend tells its client that holds are lost now: by default, their session closed."""
+
+    def __call__(self, holds: list[str], reason: str = ..., loss: LossReason = ...) -> None: ...
 
 
 class Running:
@@ -53,7 +61,7 @@ class Running:
         *,
         backend: str,
         prefix: str,
-        lose: Callable[[list[str]], None],
+        lose: Lose,
     ) -> None:
         self._prefix = prefix
         self._lose = lose
@@ -71,6 +79,17 @@ class Running:
         self.grants = Grants(self.requests, self.queue, listener, self.elections)
         self.permits = Permits(self.requests, self.queue, listener, prefix)
         self.inspector = Inspector(listener, self.sessions, self.keys, prefix, schema.sql, background)
+        self.breaker = Breaker(
+            self.inspector,
+            listener,
+            self.keys,
+            self.grants,
+            self.forget,
+            schema.sql,
+            prefix,
+            background,
+            lambda holds, reason: lose(holds, reason, LossReason.TAKEN_OR_EXPIRED),
+        )
 
     def _waiters(self) -> bool:
         return self.queue.waiting > 0
@@ -113,6 +132,10 @@ class Running:
             self.inspector.asked(rest)
         elif kind == "r":
             self.inspector.answered(rest)
+        elif kind == "b":
+            self.breaker.asked(rest)
+        elif kind == "k":
+            self.breaker.answered(rest)
 
     def listener_lost(self) -> None:
         """The listening session ended: its waiters' rows are dead; they queue again."""

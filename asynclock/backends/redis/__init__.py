@@ -32,9 +32,11 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_text, take_query
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
+from .._breaking import break_by_release
 from ._connection import Connection, address
 from ._election import Elections, RedisLeaderWatch, hold_of, server_hold
 from ._exclusive import ExclusiveLock
@@ -173,6 +175,12 @@ class RedisBackend:
         """Replicas that must confirm each acquire and renewal (Redis WAIT); 0: none."""
         return self.connection.replicas
 
+    @property
+    def guarantees(self) -> frozenset[str]:
+        """What it guarantees as configured (``locks.guarantees``): the row of
+        :data:`asynclock._guarantees.TABLE` for its scheme, with or without ``replicas``."""
+        return TABLE[f"{self.scheme}+replicas" if self.connection.replicas else self.scheme].words
+
     # -- the request protocol ----------------------------------------------------
 
     def check_kind(self, kind: Kind) -> None:
@@ -247,6 +255,10 @@ class RedisBackend:
             return info
         owner = hold_of(info.owner)[0]  # (the hold id: the front tells the identity)
         return dataclasses.replace(info, owner=owner, holders=(owner,))
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Release the holder's hold by its identity, as its own release would (``backends/_breaking.py``)."""
+        return await break_by_release(self, ref, owner)
 
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: its identity and token, in one read (``since`` is None)."""

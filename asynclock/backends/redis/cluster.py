@@ -45,9 +45,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
 from ..._errors import BackendUnavailable
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, credentials, host_list, mask_text, mask_url
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
+from .._breaking import break_by_release
 from ._connection import Connection
 from ._election import Elections, RedisLeaderWatch, hold_of, server_hold
 from ._exclusive import ExclusiveLock
@@ -110,6 +112,8 @@ class ClusterBackend:
     """
 
     scheme = "redis+cluster"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["redis+cluster"].words
 
     def __init__(
         self,
@@ -268,6 +272,10 @@ class ClusterBackend:
             return info
         owner = hold_of(info.owner)[0]  # (the hold id: the front tells the identity)
         return dataclasses.replace(info, owner=owner, holders=(owner,))
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Release the holder's hold by its identity, as its own release would (``backends/_breaking.py``)."""
+        return await break_by_release(self, ref, owner)
 
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: its identity and token, in one read (``since`` is None)."""

@@ -57,10 +57,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redlock backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
 from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_url, seconds, take_query
 from ..._timing import drift
 from ..._values import LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, RenewItem, unsupported
+from .._breaking import break_by_release
 from ._connection import Connection, address
 from ._hash import HashLock
 from ._pubsub import PubSub
@@ -101,6 +103,8 @@ class RedlockBackend:
     """
 
     scheme = "redlock"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["redlock"].words
 
     def __init__(
         self,
@@ -322,6 +326,10 @@ class RedlockBackend:
             waiters=None,
             token=None,
         )
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Release the holder's hold on every node by its identity, as its own release would."""
+        return await break_by_release(self, ref, owner)
 
     async def names(self) -> list[str]:
         """Names of the locks some reachable node has under this client's prefix."""

@@ -60,10 +60,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import ConfigurationError
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, reject_unknown, seconds
 from ..._timing import request_window
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem
+from ._breaking import break_holder
 from ._describe import describe, lock_names
 from ._election import ZkLeaderWatch, read_leader
 from ._holds import Holds
@@ -102,6 +104,8 @@ class ZooKeeperBackend:
     """
 
     scheme = "zookeeper"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["zookeeper"].words
 
     def __init__(
         self,
@@ -303,6 +307,13 @@ class ZooKeeperBackend:
         with self._edge:
             await session.wait_connected(self._window())
             return await describe(session, self._holds, ref, self._layout.key(ref))
+
+    async def break_lock(self, ref: LockRef, owner: str | None) -> LockInfo | None:
+        """Delete the holder's node, whoever made it (``_breaking.py``); an asynclock holder loses its lease at once."""
+        session = self._session
+        with self._edge:
+            await session.wait_connected(self._window())
+            return await break_holder(session, self._holds, ref, self._layout.key(ref), owner)
 
     async def leader(self, ref: LockRef) -> Leader | None:
         """The election's leader: the first contender's data (identity) and czxid (token); since is None."""
