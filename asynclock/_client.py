@@ -193,12 +193,13 @@ class Locks:
         ref = LockRef("lock", check_name(name))
         if isinstance(token, bool) or not isinstance(token, int):
             raise TypeError(f"token must be an int, not {type(token).__name__}")
+        no_tokens = f"{self._core.backend.scheme}:// gives no fencing tokens to check"
+        if "fencing" not in getattr(self._core.backend, "guarantees", {"fencing"}):
+            raise NotImplementedError(no_tokens)
         info = await Lock(self._core, ref, self._core.ttl).info()
-        if info.owner is None:
-            return False
-        if info.token is None:
-            raise NotImplementedError(f"{self._core.backend.scheme}:// gives no fencing tokens to check")
-        return info.token == token
+        if info.owner is not None and info.token is None:
+            raise NotImplementedError(no_tokens)
+        return info.owner is not None and info.token == token
 
     async def break_lock(self, name: str, *, owner: str | None = None) -> LockInfo | None:
         """Force-release the plain lock ``name``, whoever holds it: the way out of a stuck lock.
