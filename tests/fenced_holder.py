@@ -11,8 +11,10 @@ the test drives it one line at a time:
   I/O, the lease known lost): a fenced write with A's lease;
 * ``prepare`` → ``prepared``: the step before a fenced write that needs the server
   (PostgreSQL: BEGIN), so that a write sent next goes out as one request;
-* ``send <value>`` → ``sending``: a fenced write with A's lease, started and past the
-  fence's own check of the lease; ``outcome`` → its result, as ``write`` says it;
+* ``send <value>`` → ``sending``: a fenced write with A's token (as a part of A that
+  was handed the token writes; a check of the lease, had it been passed, would have
+  passed before the pause just as well), started and on its way; ``outcome`` → its
+  result, as ``write`` says it;
 * ``unfenced <value>`` → ``written``: a plain write, no fence;
 * ``close`` → ``closed``.
 
@@ -174,8 +176,9 @@ class Holder:
             await self.store.prepare()
             return "prepared"
         if word == "send":
-            self.sending = asyncio.create_task(self._write(value))
-            await asyncio.sleep(0)  # it runs up to its first request: past the fence's check of the lease
+            assert self.lease is not None and self.lease.token is not None
+            self.sending = asyncio.create_task(self._write(value, self.lease.token))
+            await asyncio.sleep(0)  # it runs up to its first request
             return "sending"
         if word == "outcome":
             assert self.sending is not None
@@ -188,10 +191,10 @@ class Holder:
             return "closed"
         return f"unknown command {line!r}"
 
-    async def _write(self, value: str) -> str:
+    async def _write(self, value: str, token: int | None = None) -> str:
         assert self.lease is not None
         try:
-            await self.store.fenced(self.lease, value)
+            await self.store.fenced(self.lease if token is None else token, value)
         except StaleToken as stale:
             return f"stale {'-' if stale.mark is None else stale.mark}"
         return "written"

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 
 import asynclock
+from asynclock.backends import memory
 from asynclock.fencing import PostgresFence, RedisFence, StaleToken
 from asynclock.testing import faults
 from tests.conftest import make_harness
@@ -56,7 +57,7 @@ def tag() -> str:
 
 
 @pytest.fixture
-async def memory() -> AsyncIterator[asynclock.Locks]:
+async def memory_locks() -> AsyncIterator[asynclock.Locks]:
     async with asynclock.connect("memory://", ttl=TTL, prefix=f"m{secrets.token_hex(3)}") as locks:
         yield locks
 
@@ -87,8 +88,8 @@ def test_the_module_needs_neither_redis_nor_asyncpg_to_import() -> None:
 # -- arguments, refused before any I/O ---------------------------------------------
 
 
-async def test_a_lease_known_lost_is_refused_before_any_io(memory: asynclock.Locks) -> None:
-    lease = await lost_lease(memory)
+async def test_a_lease_known_lost_is_refused_before_any_io(memory_locks: asynclock.Locks) -> None:
+    lease = await lost_lease(memory_locks)
     client = nowhere()
     with pytest.raises(StaleToken) as refused:
         await RedisFence(client).call(lease, "SET", "k", "v")
@@ -100,16 +101,16 @@ async def test_a_lease_known_lost_is_refused_before_any_io(memory: asynclock.Loc
 
 
 async def test_postgres_refuses_a_lease_known_lost_before_any_io(
-    memory: asynclock.Locks, postgres_server: PostgresServer
+    memory_locks: asynclock.Locks, postgres_server: PostgresServer
 ) -> None:
-    lease = await lost_lease(memory)
+    lease = await lost_lease(memory_locks)
     conn = await asyncpg.connect(postgres_server.dsn)
     await conn.close()  # any statement on it would raise InterfaceError
     with pytest.raises(StaleToken):
         await PostgresFence().advance(conn, lease)
 
 
-async def test_bad_arguments_are_refused_before_any_io(memory: asynclock.Locks) -> None:
+async def test_bad_arguments_are_refused_before_any_io(memory_locks: asynclock.Locks) -> None:
     client = nowhere()
     fence = RedisFence(client)
     with pytest.raises(TypeError, match="resource="):
@@ -124,7 +125,7 @@ async def test_bad_arguments_are_refused_before_any_io(memory: asynclock.Locks) 
         await fence.call(1, "SET", "k", "v", resource="")
     with pytest.raises(ValueError, match="no fencing token"):
         await fence.call(NoToken(), "SET", "k", "v")  # type: ignore[arg-type]
-    lease = await memory.lock("held").acquire(detached=True)
+    lease = await memory_locks.lock("held").acquire(detached=True)
     with pytest.raises(TypeError, match="needs a command"):
         await fence.call(lease)
     with pytest.raises(TypeError, match=r"redis\.asyncio client"):
@@ -462,6 +463,38 @@ async def test_postgres_repeatable_read_reports_a_concurrent_mark_as_a_serializa
     await transaction.rollback()
 
 
+# -- a lease lost without its holder knowing yet ----------------------------------------
+
+
+@pytest.mark.parametrize("store_kind", ["redis", "postgres"])
+async def test_a_lease_lost_unknown_to_its_holder_is_refused_by_the_store(
+    request: pytest.FixtureRequest, store_kind: str
+) -> None:
+    """A's hold expired on the lock server and B wrote, but A's client has not heard yet
+    (its next renewal is far off): its lease looks fine, and only the store's mark refuses it."""
+    server: RedisServer | PostgresServer = request.getfixturevalue(f"{store_kind}_server")
+    store = open_store(store_kind, server.url, f"s{secrets.token_hex(3)}")
+    await store.open()
+    await store.create()
+    prefix = f"m{secrets.token_hex(3)}"
+    try:
+        async with asynclock.connect("memory://", ttl=scaled(30), prefix=prefix) as a:
+            async with asynclock.connect("memory://", ttl=scaled(30), prefix=prefix) as b:
+                lease_a = await a.lock(NAME).acquire(detached=True)
+                await store.fenced(lease_a, "A-1")
+                assert memory.expire(NAME, prefix=prefix)  # gone on the "server"; A's client does not know
+                async with b.lock(NAME).acquire(timeout=0) as lease_b:
+                    await store.fenced(lease_b, "B-1")
+                assert not lease_a.lost
+                with pytest.raises(StaleToken) as refused:
+                    await store.fenced(lease_a, "A-2")
+                assert (refused.value.token, refused.value.mark) == (lease_a.token, lease_b.token)
+                assert await store.read() == "B-1"
+    finally:
+        await store.drop()
+        await store.close()
+
+
 # -- the paused holder ---------------------------------------------------------------------
 
 #: every backend whose leases carry fencing tokens (Redlock's do not)
@@ -481,7 +514,12 @@ async def test_a_paused_holder_is_fenced_off_and_its_unfenced_write_overwrites(
     """Holder A stops past its ttl (its process SIGSTOPped; on memory:// its event loop
     blocked), with a fenced write on its way; B takes the lock and writes. The write on
     its way arrives after B's and the store refuses it; A, awake, is refused before any
-    I/O (it knows its lease is lost). A plain write, unfenced, silently overwrites B's."""
+    I/O (it knows its lease is lost). A plain write, unfenced, silently overwrites B's.
+
+    (The write on its way carries A's bare token: with the lease, the fence's own check
+    would also have passed before the pause, but on a machine so loaded that A's
+    renewals starve before the pause it would refuse the write itself, and the store's
+    refusal would go untested.)"""
     server: RedisServer | PostgresServer = request.getfixturevalue(f"{store_kind}_server")
     url = server.url
     store_prefix = f"s{secrets.token_hex(3)}"
