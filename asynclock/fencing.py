@@ -20,8 +20,8 @@ Both take a :class:`~asynclock.Lease` (or an election's
 refused before any I/O. One resource's fence must be fed by one lock
 backend: tokens of different backends do not compare.
 
-This module imports neither redis nor asyncpg: each fence works with the
-client its user gives it.
+Importing this module imports neither redis nor asyncpg: each fence uses
+the client it is given.
 """
 
 from __future__ import annotations
