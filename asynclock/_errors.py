@@ -5,7 +5,9 @@
     LockError
      ├── LockTimeout          (also TimeoutError)   acquire ran out of time
      ├── LockLost                                   a held lease expired, was taken, or
-     │                                              could not be renewed before its deadline
+     │    │                                         could not be renewed before its deadline
+     │    └── StaleToken                            a fenced write refused: a newer holder wrote
+     │                                              first, or the lease was known lost
      ├── NotHeld                                    release by someone who holds nothing
      ├── BackendUnavailable   (also ConnectionError) the server could not be reached in time
      └── ConfigurationError                         what no retry can fix: authentication or
@@ -72,6 +74,38 @@ class LockLost(LockError):
         self.reason = reason
         #: why, in a word (None when not known)
         self.loss = loss
+
+
+class StaleToken(LockLost):
+    """A fenced write refused: a newer holder of the lock already wrote to the
+    resource, or the writer's lease was already known to be lost.
+
+    Raised by :mod:`asynclock.fencing` (``RedisFence.call``,
+    ``PostgresFence.advance``) instead of running the write. ``resource`` is
+    what the fence guards (also ``name``), ``token`` the refused token and
+    ``mark`` the highest token that wrote to the resource (None when the
+    lease was known lost and nothing was asked of the store). Being a
+    :class:`LockLost`, it ends the work of a holder that lost its lock::
+
+        try:
+            await fence.call(lease, "SET", "report:today", body)
+        except StaleToken as stale:
+            log.warning("not written: %s", stale.reason)
+    """
+
+    def __init__(self, resource: str, token: int, mark: int | None = None, reason: str | None = None) -> None:
+        if reason is None:
+            reason = f"a newer holder (token {mark}) already wrote to it"
+        LockError.__init__(self, f"stale token {token} for {resource!r}: {reason}")
+        self.name = resource
+        self.resource = resource
+        self.reason = reason
+        self.loss = LossReason.TAKEN_OR_EXPIRED if mark is not None else None
+        self.token = token
+        self.mark = mark
+
+    def __reduce__(self) -> tuple[type[StaleToken], tuple[str, int, int | None, str]]:
+        return (type(self), (self.resource, self.token, self.mark, self.reason))
 
 
 class NotHeld(LockError):

@@ -125,6 +125,9 @@ def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
     violations = sum(len(o.verdict.violations) for o in _OUTCOMES)
     line = f"fault harness: {len(_OUTCOMES)} scenario runs, {total} operations, {faults} faults injected, "
     line += f"{violations} violations"
+    fenced = sum(o.verdict.fenced for o in _OUTCOMES)
+    refused = sum(o.verdict.fenced_refused for o in _OUTCOMES)
+    line += f"; {fenced} fenced writes applied, {refused} stale ones refused by the store"
     stalled = [o.verdict for o in _OUTCOMES if o.stalled]
     lost = sum(v.renewal_losses for v in stalled)
     unwarned = sum(v.unwarned for v in stalled)
@@ -315,6 +318,25 @@ def test_checker_finds_a_lost_update_and_unexplained_refusals() -> None:
     refused = _section(0, 1.0, 1.1, 5, write="refused")
     verdict = check(_logs(refused), StoreState(0, 0, 1, ()))
     assert any("refused op" in v for v in verdict.violations)
+
+
+def test_checker_finds_a_stale_fenced_write_applied_and_unexplained_fenced_refusals() -> None:
+    logs = _logs(
+        dataclasses.replace(_section(0, 1.0, 1.1, 5), fenced="ok"),
+        dataclasses.replace(_section(1, 1.2, 1.3, 6), fenced="ok", late="refused"),
+    )
+    clean = check(logs, dataclasses.replace(_store(2), fenced=((5, "w0"), (6, "w1"))))
+    assert clean.violations == [] and (clean.fenced, clean.fenced_refused) == (2, 1)
+    # the store applied the older holder's write after the newer one's
+    stale = check(logs, dataclasses.replace(_store(2), fenced=((6, "w1"), (5, "w0"))))
+    assert any("fenced write from a stale holder was applied: token 5" in v for v in stale.violations)
+    # a write the store applied that no worker saw go out
+    extra = check(logs, dataclasses.replace(_store(2), fenced=((5, "w0"), (6, "w1"), (7, "w2"))))
+    assert any("the workers saw 2 fenced writes applied" in v for v in extra.violations)
+    # the store refused a lease's write outside any stale window: a token went backwards
+    refused = _logs(dataclasses.replace(_section(0, 1.0, 1.1, 5), fenced="refused"))
+    assert any("fenced write refused" in v for v in check(refused, _store(1)).violations)
+    assert check(refused, _store(1), [StaleWindow(1.0, 1.05, worker=0)]).violations == []
 
 
 def test_checker_ends_a_killed_holder_at_its_kill_and_flags_a_worker_that_vanished() -> None:

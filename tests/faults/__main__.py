@@ -202,7 +202,9 @@ async def _rounds(args: argparse.Namespace, targets: list[Target], store_url: st
         f"\n{runs} scenario runs in {minutes:.1f} min: {total.operations} operations "
         f"({total.sections} critical sections, {total.cancelled_ops} cancelled), {faults} faults injected, "
         f"{total.losses} leases lost, {total.overlaps_allowed} overlaps with a stale holder, "
-        f"{total.refused} stale operations refused, {total.starved} waiters starved past the bound, "
+        f"{total.refused} stale operations refused, {total.fenced} fenced writes applied "
+        f"({total.fenced_refused} refused by the store, {total.fenced_lost} before any I/O), "
+        f"{total.starved} waiters starved past the bound, "
         f"{len(total.violations)} violations; stalled renewals: {stalled.renewal_losses} leases lost, "
         f"{stalled.unwarned} of them without an earlier at_risk"
     )

@@ -20,7 +20,14 @@ Invariants, for one lock contended by many processes:
    (``renewal_failed``, ``connection_lost``) is counted, and so is each of
    them that had not gone *at risk* first; the scenarios whose fault stalls
    the renewals of a holder that keeps running require none of the latter.
-7. **Liveness**: an acquire past its bound is a violation on a backend that
+7. **Fenced writes**: each section also writes through asynclock's fence
+   (``RedisFence``, with its lease), and a section ended by ``LockLost``
+   writes once more with its bare token. In the order the store applied
+   them, those writes never go back to an older token (one that did is a
+   stale holder's write let through); the store refused a write with a
+   lease only from a section in a stale window; and the workers' accounts
+   of applied fenced writes agree with the store's.
+8. **Liveness**: an acquire past its bound is a violation on a backend that
    queues its waiters (one Redis or Sentinel, ZooKeeper, PostgreSQL: first
    come, first served). The plain lock on the others (Redis Cluster,
    Redlock, memory) is not fair: a waiter can lose every
@@ -33,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +67,11 @@ class Section:
     outcome: str
     #: the process was killed inside it (its end is when SIGKILL was sent)
     killed: bool = False
+    #: its write through the fence with its lease: ok, refused (by the store), lost (refused
+    #: before any I/O), sent or ? (unknown), None (none made)
+    fenced: str | None = None
+    #: its write with the bare token after the lease was lost (the same words)
+    late: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +151,8 @@ class WorkerLog:
                     event["read"],
                     event["write"],
                     event["outcome"],
+                    fenced=event.get("fenced"),
+                    late=event.get("late"),
                 )
             )
         elif kind == "cancelled":
@@ -164,7 +178,9 @@ class WorkerLog:
         the body was over (the release under way), where it said its section ended."""
         for sid, (start, token) in sorted(self.open_starts.items()):
             end = self.ended.get(sid, killed_at)
-            self.sections.append(Section(self.index, sid, start, end, token, "?", "?", "killed", killed=True))
+            self.sections.append(
+                Section(self.index, sid, start, end, token, "?", "?", "killed", killed=True, fenced="?")
+            )
         self.open_starts.clear()
         self.ended.clear()
 
@@ -189,6 +205,10 @@ class Verdict:
     renewal_losses: int = 0
     #: of those, how many had not gone at risk first
     unwarned: int = 0
+    #: writes through asynclock's fence the store applied, refused, and refused before any I/O
+    fenced: int = 0
+    fenced_refused: int = 0
+    fenced_lost: int = 0
 
     @property
     def operations(self) -> int:
@@ -207,6 +227,9 @@ class Verdict:
         self.violations += other.violations
         self.renewal_losses += other.renewal_losses
         self.unwarned += other.unwarned
+        self.fenced += other.fenced
+        self.fenced_refused += other.fenced_refused
+        self.fenced_lost += other.fenced_lost
 
 
 def check(
@@ -304,4 +327,38 @@ def check(
                 f"refused op from worker {section.worker} section {section.sid} (token {section.token}) "
                 "outside any stale window"
             )
+
+    # 7: fenced writes
+    check_fenced(sections, store, exposed, verdict)
     return verdict
+
+
+def check_fenced(
+    sections: Sequence[Section], store: StoreState, exposed: Callable[[Section], bool], verdict: Verdict
+) -> None:
+    """Invariant 7: no stale fenced write applied, refusals only where expected, accounts agree."""
+    outcomes = [s.fenced for s in sections] + [s.late for s in sections]
+    verdict.fenced = len(store.fenced)
+    verdict.fenced_refused = outcomes.count("refused")
+    verdict.fenced_lost = outcomes.count("lost")
+    newest: tuple[int, str] | None = None
+    for token, who in store.fenced:
+        if newest is not None and token < newest[0]:
+            verdict.violations.append(
+                f"a fenced write from a stale holder was applied: token {token} ({who}) "
+                f"after token {newest[0]} ({newest[1]}) had written"
+            )
+        if newest is None or token > newest[0]:
+            newest = (token, who)
+    for section in sections:
+        if section.fenced == "refused" and not exposed(section):
+            verdict.violations.append(
+                f"fenced write refused from worker {section.worker} section {section.sid} (token {section.token}) "
+                "outside any stale window"
+            )
+    applied = outcomes.count("ok")
+    unknown = outcomes.count("sent") + outcomes.count("?")
+    if not applied <= len(store.fenced) <= applied + unknown:
+        verdict.violations.append(
+            f"the workers saw {applied} fenced writes applied (+{unknown} unknown), the store {len(store.fenced)}"
+        )

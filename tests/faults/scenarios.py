@@ -67,6 +67,7 @@ class Outcome:
         return (
             f"{self.backend:<9} {self.scenario:<22} ops {v.operations:>5}  faults {self.faults:>3}  "
             f"losses {v.losses:>3}  stale overlaps {v.overlaps_allowed:>2}  refused {v.refused:>3}  "
+            f"fenced {v.fenced:>4} (refused {v.fenced_refused}, lost {v.fenced_lost})  "
             f"violations {len(v.violations)}  ({self.seconds:.1f}s)"
             + (f"  starved {v.starved}" if v.starved else "")
             + (f"  at_risk first {v.renewal_losses - v.unwarned}/{v.renewal_losses}" if self.stalled else "")

@@ -11,6 +11,11 @@ the lock let two sections read and write in turn unfenced.
 
 Tokens are compared as decimal strings (length first), so tokens beyond
 2**53 stay exact in Lua.
+
+Beside the counter, a log written through asynclock's own fence
+(:class:`asynclock.fencing.RedisFence`): each section appends its token to it,
+so the order in which the store applied those writes can be checked (a token
+older than one applied before it is a stale holder's write let through).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+
+import asynclock
+from asynclock.fencing import RedisFence, StaleToken
 
 # KEYS[1] counter, KEYS[2] highest token seen, KEYS[3] accepted writes,
 # KEYS[4] refused operations, KEYS[5] log of accepted operations
@@ -49,6 +57,8 @@ class StoreState:
     refused: int
     #: accepted operations in the order the store applied them: (kind, token, who)
     log: tuple[tuple[str, int, str], ...]
+    #: the writes asynclock's fence let through, in the order the store applied them: (token, who)
+    fenced: tuple[tuple[int, str], ...] = ()
 
 
 class FencedStore:
@@ -58,6 +68,8 @@ class FencedStore:
         self._client = aioredis.Redis.from_url(url)
         self._op = self._client.register_script(FENCED_OP)
         self._keys = [f"{prefix}:{part}" for part in ("counter", "high", "accepted", "refused", "log")]
+        self._fence = RedisFence(self._client, prefix=f"{prefix}:fence")
+        self._fenced_log = f"{prefix}:fenced"
 
     async def read(self, token: int, who: str) -> int | None:
         """The counter, or None if ``token`` is stale."""
@@ -69,6 +81,16 @@ class FencedStore:
         ok, _ = await self._op(keys=self._keys, args=[str(token), "write", str(value), who])
         return bool(ok == 1)
 
+    async def fenced(self, held: asynclock.Lease | asynclock.Term | int, who: str, resource: str) -> str:
+        """Append ``held``'s token to the fenced log through the fence: "ok", "refused" (by the
+        store: a newer token wrote first) or "lost" (the lease known lost: refused before any I/O)."""
+        token = held if isinstance(held, int) else held.token
+        try:
+            await self._fence.call(held, "RPUSH", self._fenced_log, f"{token} {who}", resource=resource)
+        except StaleToken as stale:
+            return "lost" if stale.mark is None else "refused"
+        return "ok"
+
     async def state(self) -> StoreState:
         counter, accepted, refused = await self._client.mget(self._keys[0], self._keys[2], self._keys[3])
         raw = await self._client.lrange(self._keys[4], 0, -1)
@@ -77,10 +99,15 @@ class FencedStore:
             text = entry.decode() if isinstance(entry, bytes) else str(entry)
             kind, token, who = text.split(" ", 2)
             log.append((kind, int(token), who))
-        return StoreState(int(counter or 0), int(accepted or 0), int(refused or 0), tuple(log))
+        fenced = []
+        for entry in await self._client.lrange(self._fenced_log, 0, -1):
+            token, who = entry.decode().split(" ", 1)
+            fenced.append((int(token), who))
+        return StoreState(int(counter or 0), int(accepted or 0), int(refused or 0), tuple(log), tuple(fenced))
 
     async def clear(self) -> None:
-        await self._client.delete(*self._keys)
+        marks = [key async for key in self._client.scan_iter(match=self._fence.mark_key("*"))]
+        await self._client.delete(*self._keys, self._fenced_log, *marks)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -10,15 +10,20 @@ It connects its own client, prints ``ready`` once connected, waits for
 ``go`` on stdin, then loops until it has run ``ops`` sections, ``duration``
 seconds have passed, or ``stop`` arrives on stdin. Inside each section it
 reads the fenced counter, holds for a while, and writes counter + 1, both
-with the lease's token. Every line it writes to its JSONL file is flushed at
+with the lease's token, then appends its token to a log through asynclock's
+``RedisFence`` (and, if its lease was lost, once more after the loss, with the
+bare token). Every line it writes to its JSONL file is flushed at
 once, so a SIGKILL loses nothing already written:
 
 * ``{"ev": "start", "sid", "t", "token"}`` as soon as the body is entered
   (the runner uses it to find the current holder);
-* ``{"ev": "section", "sid", "start", "end", "token", "read", "write", "outcome"}``
+* ``{"ev": "section", "sid", "start", "end", "token", "read", "write", "fenced", "late", "outcome"}``
   once the section is over; ``end`` is taken in a ``finally``, so a
   cancelled body still has one; ``outcome`` is ``ok``, ``lost`` (LockLost),
-  ``cancelled`` or ``error: …``;
+  ``cancelled`` or ``error: …``; ``fenced`` is the outcome of the section's
+  write through asynclock's fence with its lease (``ok``, ``refused`` by the
+  store, ``lost``: refused before any I/O, ``sent``: unknown), ``late`` that
+  of the write a section ended by LockLost still makes, with its bare token;
 * ``{"ev": "unavailable", "t", "asked", "outcome"}`` when acquire gave up on an
   unreachable server (allowed: ``BackendUnavailable``);
 * ``{"ev": "cancelled", "t", "at"}`` for an operation cancelled on purpose
@@ -259,7 +264,7 @@ class Worker:
                     assert lease.token is None, "a token where none was expected"
                     token = 0
                 section = {"ev": "section", "sid": self.sid, "start": time.monotonic(), "token": token}
-                section.update(read=None, write=None, wait=section["start"] - asked)
+                section.update(read=None, write=None, fenced=None, late=None, wait=section["start"] - asked)
                 hold = self.rng.uniform(*config.hold)
                 if config.long_hold is not None and self.rng.random() < config.long_rate:
                     hold = self.rng.uniform(*config.long_hold)
@@ -273,6 +278,10 @@ class Worker:
                         section["write"] = "sent"
                         accepted = await store.write(token, value + 1, self.who)
                         section["write"] = "ok" if accepted else "refused"
+                    if config.tokens:
+                        # through asynclock's fence, with the lease, as an application writes
+                        section["fenced"] = "sent"
+                        section["fenced"] = await store.fenced(lease, f"{self.who} {section['sid']}", config.name)
                     if resign:
                         assert isinstance(lock, asynclock.Election)
                         await lock.resign()  # the term ends here: the block is left without an exception
@@ -284,6 +293,12 @@ class Worker:
                     phase[0] = "release"
         except asynclock.LockLost:
             outcome = "lost"
+            if section is not None and config.tokens:
+                # The holder learns of the loss and still writes, with the bare token (as a
+                # downstream worker handed only the token would): the store's mark, not the
+                # lease, must refuse it if a newer holder wrote meanwhile.
+                section["late"] = "sent"
+                section["late"] = await store.fenced(section["token"], f"{self.who} {section['sid']}", config.name)
         except asynclock.BackendUnavailable as exc:
             # acquire (or release) may give up on a server that stays away: allowed
             outcome = f"unavailable: {exc!r}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import asynclock
 
@@ -133,3 +134,24 @@ async def breaking(locks: asynclock.Locks) -> None:
     if broken is not None:
         again = await locks.break_lock("jobs:nightly", owner=broken.owner)
         print(broken.owner, broken.token, again)
+
+
+async def fences(locks: asynclock.Locks, conn: Any) -> None:
+    import redis.asyncio as redis
+
+    from asynclock.fencing import PostgresFence, RedisFence, StaleToken
+
+    store = redis.Redis.from_url("redis://localhost:6379/0")
+    fence = RedisFence(store, prefix="fence")
+    async with locks.lock("orders:42") as lease:
+        reply: Any = await fence.call(lease, "HSET", "{orders:42}:order", "state", "paid")
+        print(reply, fence.mark_key("orders:42"))
+        async with conn.transaction():
+            await PostgresFence(table="asynclock_fences").advance(conn, lease)
+    try:
+        await fence.call(17, "SET", "{orders:42}:state", "paid", resource="orders:42")
+    except StaleToken as stale:
+        mark: int | None = stale.mark
+        print(stale.resource, stale.token, mark)
+    async with locks.election("scheduler", identity="a").leadership() as term:
+        await fence.call(term, "SET", "{scheduler}:ran", "1")
