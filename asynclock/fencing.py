@@ -163,9 +163,11 @@ class RedisFence:
 
     async def _cluster_keys(self, mark: str, command: tuple[Any, ...]) -> list[Any]:
         """The command's keys (by the cluster client's command table); each must be in the mark's slot."""
+        from .backends.redis._private import COMMANDS_PARSER  # (redis-py is loaded: this is its Cluster client)
+
         client: Any = self._client
         await client.initialize()  # (once: the client's command table)
-        keys = list(await client.commands_parser.get_keys(*command) or [])
+        keys = list(await getattr(client, COMMANDS_PARSER).get_keys(*command) or [])
         slot = client.keyslot(mark)
         elsewhere = [key for key in keys if client.keyslot(key) != slot]
         if elsewhere:

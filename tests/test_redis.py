@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
 
 import asynclock
 from asynclock import BackendUnavailable, LockLost, LockTimeout
@@ -471,6 +472,7 @@ async def test_every_private_name_the_redis_backends_read_is_still_there(redis_s
             "redis.asyncio.connection.AbstractConnection": conn,
             "asyncio.StreamReader": getattr(conn, READER, None),
             "redis.asyncio.sentinel.Sentinel": _Sentinels([("127.0.0.1", 1)], force_master_ip="192.0.2.1"),
+            "redis.asyncio.cluster.RedisCluster": RedisCluster(host="127.0.0.1", port=1),  # not connected
         }
         gone: list[str] = []
         for entry in PRIVATE:

@@ -18,13 +18,15 @@ from typing import NamedTuple
 
 from .._takeover import STREAM_BUFFER
 
-__all__ = ["FORCE_MASTER_IP", "PRIVATE", "READER", "STREAM_BUFFER", "WRITER", "Private"]
+__all__ = ["COMMANDS_PARSER", "FORCE_MASTER_IP", "PRIVATE", "READER", "STREAM_BUFFER", "WRITER", "Private"]
 
 #: redis-py's asyncio connection: its ``asyncio.StreamReader`` and ``StreamWriter`` once connected.
 READER = "_reader"
 WRITER = "_writer"
 #: redis-py's asyncio ``Sentinel``: its ``force_master_ip`` argument (None: the address the sentinels give).
 FORCE_MASTER_IP = "_force_master_ip"
+#: redis-py's asyncio ``RedisCluster``: the parser that finds a command's keys (``get_keys``).
+COMMANDS_PARSER = "commands_parser"
 
 
 class Private(NamedTuple):
@@ -47,4 +49,6 @@ PRIVATE: tuple[Private, ...] = (
     Private("redis", "redis.asyncio.sentinel.Sentinel", FORCE_MASTER_IP, "redis/sentinel.py"),
     Private("redis", "redis._parsers", "AsyncCommandsParser", "redis/cluster.py"),
     Private("redis", "redis._parsers.base.BaseParser", "parse_error", "redis/_listen.py"),
+    # not underscored, but not documented either: where a Cluster client finds a command's keys
+    Private("redis", "redis.asyncio.cluster.RedisCluster", COMMANDS_PARSER, "fencing.py"),
 )
