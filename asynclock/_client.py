@@ -5,7 +5,7 @@ what happens to a lease outside an acquire is the core's work."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -16,6 +16,7 @@ from ._election import Election
 from ._errors import BackendUnavailable, LockError, unavailable
 from ._events import EventCallback
 from ._lock import Lock, RWLock, Semaphore
+from ._multi import MultiLock
 from ._options import DEFAULT_CONNECT_TIMEOUT, seconds
 from ._singleton import Singleton, make_singleton
 from ._timing import REQUEST_WINDOW
@@ -138,6 +139,37 @@ class Locks:
         if not 1 <= permits <= 100_000:
             raise ValueError(f"permits must be between 1 and 100000, got {permits}")
         return Semaphore(self._core, check_name(name), self._core.check_ttl(ttl), permits, check_max_hold(max_hold))
+
+    def multi(self, names: Iterable[str], *, ttl: float | None = None, max_hold: float | None = None) -> MultiLock:
+        """A handle on the plain locks ``names`` taken together, all or none, under one lease; cheap, no I/O.
+
+        The parts are taken in one canonical order (the names sorted), so two
+        multi-locks never deadlock; a repeated name counts once. The loss of
+        any part is the loss of the whole: the body is cancelled and the
+        other parts are released. ``lease.tokens`` maps each name to its
+        token. ``ttl`` and ``max_hold`` as for :meth:`lock` (``max_hold`` caps
+        the whole hold). See :class:`~asynclock.MultiLock`.
+
+        Raises TypeError for ``names`` that is one string (not a list of
+        them) or a bad name, ValueError for no names at all, before any I/O.
+
+        Example::
+
+            async with locks.multi(["acct:1", "acct:2"]) as lease:
+                await transfer(fencing_tokens=lease.tokens)
+        """
+        self._core.check_open()
+        if isinstance(names, (str, bytes)):
+            raise TypeError(f"names must be a list of lock names, not one {type(names).__name__}")
+        try:
+            listed = [check_name(name) for name in names]
+        except TypeError as exc:
+            if not hasattr(names, "__iter__"):
+                raise TypeError(f"names must be a list of lock names, not {type(names).__name__}") from None
+            raise exc from None
+        if not listed:
+            raise ValueError("a multi-lock needs at least one name")
+        return MultiLock(self._core, listed, self._core.check_ttl(ttl), check_max_hold(max_hold))
 
     def election(self, name: str, *, identity: str | None = None, ttl: float | None = None) -> Election:
         """A leader election among every client that names it; cheap, no I/O.
