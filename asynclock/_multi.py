@@ -39,7 +39,7 @@ from ._holdstate import HoldState, now
 from ._lease import Lease
 from ._lock import Acquiring, Lock
 from ._owner import current_owner, detached_owner
-from ._release import release_by_identity, settle
+from ._release import settle
 from ._timing import request_window
 from ._validate import check_timeout
 from ._values import LossReason
@@ -226,7 +226,8 @@ class MultiLease:
         core = self._core
         rest = [part for part in rest if part.name != name and part._held]
         if rest and not (core.closed or core.closing):
-            core.spawn(_let_go_all(core, rest, quiet=True))
+            for part in _drop(core, rest):
+                core.give_back(part)
 
     def _detach(self) -> list[Lease]:
         """No longer held as a whole: out of the table, no cap, no watch on the parts; the parts."""
@@ -249,15 +250,15 @@ class MultiLease:
         if self._scopes and self.owner != current_owner():
             for scope in self._scopes:
                 scope.cancel()  # released from another task: the bodies that held it no longer do
-        await _let_go_all(self._core, parts, quiet=False)
+        await _let_go_all(self._core, parts)
 
 
-async def _let_go_all(core: Core, parts: Sequence[Lease], *, quiet: bool) -> None:
-    """Give up a multi-lock's share of each of ``parts``, together; unless ``quiet``, raise the
-    first failure (NotHeld for a part the server no longer had) once every part is done."""
+async def _let_go_all(core: Core, parts: Sequence[Lease]) -> None:
+    """Give up a multi-lock's share of each of ``parts``, together; then raise the first
+    failure (NotHeld for a part the server no longer had) once every part is done."""
     results = await asyncio.gather(*(_let_go(core, part) for part in parts), return_exceptions=True)
     for result in results:
-        if isinstance(result, BaseException) and not quiet:
+        if isinstance(result, BaseException):
             raise result
 
 
@@ -265,39 +266,58 @@ async def _let_go(core: Core, part: Lease) -> None:
     """One hold count of ``part`` (re-entered meanwhile), or the whole hold."""
     if part.hold_count > 1:
         part.hold_count -= 1
-        with contextlib.suppress(LockError, OSError, TimeoutError):
-            # (informational: the client's count is the truth, and a release at zero removes the hold)
-            async with asyncio.timeout(request_window(part._lease_time)):
-                await core.backend.set_count(part._ref, part._hold, part.hold_count, part._ttl)
+        await _record_count(core, part)
         return
     try:
         await core.release(part)
     except BackendUnavailable as err:
         # No longer renewed, it expires by itself; given back again in the background meanwhile.
         logger.warning("release of %r failed, it will expire by itself: %r", part.name, err)
-        core.spawn(release_by_identity(core.backend, part, raise_errors=False))
+        core.give_back(part)
         raise
 
 
-async def _give_back(core: Core, parts: Sequence[Lease]) -> None:
-    """An acquire that did not complete: give back what it took (through repeated cancellations, bounded)."""
+async def _record_count(core: Core, part: Lease) -> None:
+    """Tell the server a part's new hold count, once (informational: the client's count is the
+    truth, and a release at zero removes the hold whatever the server counted)."""
+    with contextlib.suppress(LockError, OSError, TimeoutError):
+        async with asyncio.timeout(request_window(part._lease_time)):
+            await core.backend.set_count(part._ref, part._hold, part.hold_count, part._ttl)
+
+
+def _drop(core: Core, parts: Sequence[Lease]) -> list[Lease]:
+    """Give up a multi-lock's share of each of ``parts`` in this client at once: one hold count
+    of a part held otherwise too, else the hold (forgotten, no longer renewed). Returns the
+    holds given up, for the caller to release on the server."""
     whole: list[Lease] = []
     for part in parts:
         if part.hold_count > 1:
             part.hold_count -= 1
+            core.spawn(_record_count(core, part))
         elif part._held:
             if core.keeper is not None:
-                core.keeper.remove(part)
+                core.keeper.remove(part)  # (before the release request: no renewal follows it)
             core.forget(part)
             part._mark_released()
+            core.events.emit("released", part.name, part.owner, part.token, held_s=part._held_for())
             whole.append(part)
+    return whole
+
+
+async def _give_back(core: Core, parts: Sequence[Lease]) -> None:
+    """An acquire that did not complete: give back what it took, and wait for the server's
+    answers (through repeated cancellations of the caller, for a request window)."""
+    whole = _drop(core, parts)
     if whole:
-        cleanup = asyncio.gather(*(release_by_identity(core.backend, part, raise_errors=False) for part in whole))
-        await settle(core.spawn, _wait(cleanup), request_window(whole[0]._lease_time))
+        for part in whole:
+            core.give_back(part)
+        releases = [core.giving_back[part] for part in whole if part in core.giving_back]
+        await settle(core.spawn, _wait_all(releases), request_window(whole[0]._lease_time))
 
 
-async def _wait(future: asyncio.Future[Any]) -> None:
-    await future
+async def _wait_all(tasks: list[asyncio.Task[Any]]) -> None:
+    if tasks:
+        await asyncio.wait(tasks)
 
 
 class MultiLock:
