@@ -27,8 +27,8 @@ pytestmark = pytest.mark.anyio
 TTL = scaled(0.6)
 SHORT = scaled(0.3)
 
-#: Every backend the multi-lock is tested on (Redlock's parts are its plain lock as anywhere else).
-BACKENDS = ["memory", "redis", "postgres", "zookeeper", "etcd"]
+#: Every backend: a multi-lock's parts are the plain lock, which each of them has.
+BACKENDS = ["memory", "redis", "postgres", "zookeeper", "etcd", "redlock", "redis+cluster"]
 
 
 @pytest.fixture(params=BACKENDS)
