@@ -206,7 +206,13 @@ class MultiLease:
 
     def _cap_at(self, when: float) -> None:
         """Lose the whole at the loop time ``when`` (the multi-lock's ``max_hold``), unless it ends before."""
-        self._cap = asyncio.get_running_loop().call_at(when, self._end_lost, None, "max_hold", LossReason.MAX_HOLD)
+        self._cap = asyncio.get_running_loop().call_at(when, self._capped)
+
+    def _capped(self) -> None:
+        self._cap = None
+        for scope in self._scopes:
+            scope.cancel()
+        self._end_lost(None, "max_hold", LossReason.MAX_HOLD)
 
     def _part_ended(self, part: HoldState) -> None:
         """A part was lost, or released apart from the multi-lock: the whole is lost."""
@@ -214,14 +220,14 @@ class MultiLease:
         self._end_lost(part.name, reason, part._loss or LossReason.TAKEN_OR_EXPIRED)
 
     def _end_lost(self, name: str | None, reason: str, loss: LossReason) -> None:
-        """Lost: cancel the bodies and release the other parts (unless the client is closing: it releases them)."""
+        """Lost: release the other parts (unless the client is closing: it releases them)."""
         if not self._held:
             return
         self._reason, self._loss, self._lost_part = reason, loss, name
         if self._lost_event is not None:
             self._lost_event.set()
-        for scope in self._scopes:
-            scope.cancel()
+        # (the bodies run under every part: the part's end cancelled them already, as any loss
+        # of a lease does, sparing only a closing client's own task, whose close it would cut short)
         rest = self._detach()
         core = self._core
         rest = [part for part in rest if part.name != name and part._held]

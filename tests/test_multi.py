@@ -106,7 +106,7 @@ async def test_a_part_held_elsewhere_times_out_holding_none(harness: Harness) ->
 async def test_two_multi_locks_in_opposite_orders_never_deadlock(harness: Harness) -> None:
     first, second = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
     inside: list[str] = []
-    rounds = 25
+    rounds = 40
 
     async def worker(locks: asynclock.Locks, names: list[str], me: str) -> int:
         done = 0
@@ -192,6 +192,36 @@ async def test_max_hold_ends_the_whole(harness: Harness) -> None:
     assert caught.value.loss is LossReason.MAX_HOLD and caught.value.reason == "max_hold"
     await eventually_free_of(locks, ["h1", "h2"])
     async with other.multi(["h1", "h2"]).acquire(timeout=scaled(5)):
+        pass
+
+
+async def test_closing_the_client_ends_a_multi_lock_body(harness: Harness) -> None:
+    locks, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    entered = asyncio.Event()
+
+    async def body() -> None:
+        async with locks.multi(["c1", "c2"]):
+            entered.set()
+            await asyncio.sleep(scaled(20))
+
+    task = asyncio.create_task(body())
+    async with asyncio.timeout(scaled(5)):
+        await entered.wait()
+    await locks.aclose()
+    with pytest.raises(LockLost):
+        async with asyncio.timeout(scaled(5)):
+            await task
+    async with other.multi(["c1", "c2"]).acquire(timeout=scaled(5)):
+        pass
+    # a task that closes its client inside its own block is not cut short by its close
+    closer = harness.connect(ttl=TTL)
+    closed = False
+    with pytest.raises(LockLost):
+        async with closer.multi(["c1", "c2"]):
+            await closer.aclose()
+            closed = True
+    assert closed
+    async with other.multi(["c1", "c2"]).acquire(timeout=scaled(5)):
         pass
 
 
@@ -292,6 +322,14 @@ async def test_the_handle_behaves_like_a_lock(harness: Harness) -> None:
         assert single.held, "the multi-lock's release took the task's own single hold"
         assert (await single.info()).owner is not None
     assert (await single.info()).owner is None
+    # overlapping multi-locks of one task share the common part (re-entered)
+    async with asyncio.timeout(scaled(5)):
+        async with multi as outer:
+            async with locks.multi(["f", "g"]) as inner:
+                assert outer.parts["f"] is inner.parts["f"] and inner.parts["f"].hold_count == 2
+            assert (await locks.lock("g").info()).owner is None
+            assert locks.lock("f").held and outer.parts["f"].hold_count == 1
+    assert (await locks.lock("f").info()).owner is None
     # detached: owned by no task, released from anywhere
     lease = await multi.acquire(detached=True)
     assert not multi.held
