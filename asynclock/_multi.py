@@ -226,8 +226,8 @@ class MultiLease:
         self._reason, self._loss, self._lost_part = reason, loss, name
         if self._lost_event is not None:
             self._lost_event.set()
-        # (the bodies run under every part: the part's end cancelled them already, as any loss
-        # of a lease does, sparing only a closing client's own task, whose close it would cut short)
+        # (not the bodies: they run under every part, and the part's end cancels them, as the end
+        # of any lease does, sparing only a closing client's own task, whose close it would cut short)
         rest = self._detach()
         core = self._core
         rest = [part for part in rest if part.name != name and part._held]

@@ -225,6 +225,22 @@ async def test_closing_the_client_ends_a_multi_lock_body(harness: Harness) -> No
         pass
 
 
+async def test_a_failing_renewal_of_a_part_puts_the_whole_at_risk() -> None:
+    from asynclock.testing import faults
+
+    async with asynclock.connect("memory://", ttl=TTL, prefix="risk") as locks:
+        async with locks.multi(["r1", "r2"]) as lease:
+            assert not lease.at_risk
+            with faults(locks).unavailable():
+                async with asyncio.timeout(TTL):
+                    reason = await lease.wait_at_risk()
+                assert reason and lease.at_risk and not lease.lost
+            async with asyncio.timeout(TTL):
+                while lease.at_risk:  # the next renewal succeeds again
+                    await asyncio.sleep(0.01)
+            assert not lease.lost
+
+
 # -- cancellation ------------------------------------------------------------------------
 
 
