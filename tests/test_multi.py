@@ -286,8 +286,12 @@ async def test_cancelling_at_any_point_of_the_acquire_leaves_nothing_held(harnes
             await asyncio.sleep(0.001)
         lease = box[0]
         try:
-            held = await held_by(locks, names)
-            assert held == (names if lease is not None else []), f"after {turns} turns: {lease=}, {held=}"
+            if lease is not None:
+                assert await held_by(locks, names) == names, f"after {turns} turns"
+            else:
+                # given back (a give-back that outlasts a request window, on a loaded
+                # machine, goes on in the background: a leak would stay for good)
+                await eventually_free_of(locks, names)
             outcomes.add(lease is not None)
             if lease is not None:
                 await lease.release()
