@@ -20,7 +20,7 @@ from ._multi import MultiLock
 from ._options import DEFAULT_CONNECT_TIMEOUT, seconds
 from ._singleton import Singleton, make_singleton
 from ._timing import REQUEST_WINDOW
-from ._validate import check_max_hold, check_name, check_ttl
+from ._validate import check_max_hold, check_name, check_names, check_ttl
 from ._values import Health, LockInfo
 from .abc import Backend, LockRef
 
@@ -141,35 +141,12 @@ class Locks:
         return Semaphore(self._core, check_name(name), self._core.check_ttl(ttl), permits, check_max_hold(max_hold))
 
     def multi(self, names: Iterable[str], *, ttl: float | None = None, max_hold: float | None = None) -> MultiLock:
-        """A handle on the plain locks ``names`` taken together, all or none, under one lease; cheap, no I/O.
-
-        The parts are taken in one canonical order (the names sorted), so two
-        multi-locks never deadlock; a repeated name counts once. The loss of
-        any part is the loss of the whole: the body is cancelled and the
-        other parts are released. ``lease.tokens`` maps each name to its
-        token. ``ttl`` and ``max_hold`` as for :meth:`lock` (``max_hold`` caps
-        the whole hold). See :class:`~asynclock.MultiLock`.
-
-        Raises TypeError for ``names`` that is one string (not a list of
-        them) or a bad name, ValueError for no names at all, before any I/O.
-
-        Example::
-
-            async with locks.multi(["acct:1", "acct:2"]) as lease:
-                await transfer(fencing_tokens=lease.tokens)
-        """
+        """The plain locks ``names`` taken together, all or none, in sorted order, under one lease
+        whose loss (of any part) cancels the body and releases the rest; a repeated name counts
+        once. ``ttl`` and ``max_hold`` (of the whole) as for :meth:`lock`. Cheap, no I/O; TypeError /
+        ValueError for one string, a bad name or no name. See :class:`~asynclock.MultiLock`."""
         self._core.check_open()
-        if isinstance(names, (str, bytes)):
-            raise TypeError(f"names must be a list of lock names, not one {type(names).__name__}")
-        try:
-            listed = [check_name(name) for name in names]
-        except TypeError as exc:
-            if not hasattr(names, "__iter__"):
-                raise TypeError(f"names must be a list of lock names, not {type(names).__name__}") from None
-            raise exc from None
-        if not listed:
-            raise ValueError("a multi-lock needs at least one name")
-        return MultiLock(self._core, listed, self._core.check_ttl(ttl), check_max_hold(max_hold))
+        return MultiLock(self._core, check_names(names), self._core.check_ttl(ttl), check_max_hold(max_hold))
 
     def election(self, name: str, *, identity: str | None = None, ttl: float | None = None) -> Election:
         """A leader election among every client that names it; cheap, no I/O.
