@@ -26,6 +26,8 @@ pytestmark = pytest.mark.anyio
 
 TTL = scaled(0.6)
 SHORT = scaled(0.3)
+#: The ttl of tests where nothing is meant to expire (a loaded machine must not make it happen).
+LONG = scaled(10)
 
 #: Every backend: a multi-lock's parts are the plain lock, which each of them has.
 BACKENDS = ["memory", "redis", "postgres", "zookeeper", "etcd", "redlock", "redis+cluster"]
@@ -61,7 +63,7 @@ async def eventually_free_of(client: asynclock.Locks, names: Sequence[str]) -> N
 
 
 async def test_every_part_is_a_plain_lock_with_its_token(harness: Harness) -> None:
-    locks, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    locks, other = harness.connect(ttl=LONG), harness.connect(ttl=LONG)
     multi = locks.multi(["b", "c", "a", "b"])  # a repeated name counts once
     assert multi.names == ("a", "b", "c")
     assert not multi.held
@@ -87,7 +89,7 @@ async def test_every_part_is_a_plain_lock_with_its_token(harness: Harness) -> No
 
 
 async def test_a_part_held_elsewhere_times_out_holding_none(harness: Harness) -> None:
-    locks, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    locks, other = harness.connect(ttl=LONG), harness.connect(ttl=LONG)
     names = ["a", "b", "c"]
     blocker = await other.lock("b").acquire()
     for timeout in (0, SHORT):
@@ -104,7 +106,7 @@ async def test_a_part_held_elsewhere_times_out_holding_none(harness: Harness) ->
 
 
 async def test_two_multi_locks_in_opposite_orders_never_deadlock(harness: Harness) -> None:
-    first, second = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    first, second = harness.connect(ttl=LONG), harness.connect(ttl=LONG)
     inside: list[str] = []
     rounds = 40
 
@@ -127,7 +129,7 @@ async def test_two_multi_locks_in_opposite_orders_never_deadlock(harness: Harnes
 
 
 async def test_a_multi_lock_and_single_locks_of_its_names_exclude_each_other(harness: Harness) -> None:
-    locks, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    locks, other = harness.connect(ttl=LONG), harness.connect(ttl=LONG)
     single = await other.lock("y").acquire()
     got: list[asynclock.MultiLease] = []
 
@@ -196,7 +198,7 @@ async def test_max_hold_ends_the_whole(harness: Harness) -> None:
 
 
 async def test_closing_the_client_ends_a_multi_lock_body(harness: Harness) -> None:
-    locks, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    locks, other = harness.connect(ttl=LONG), harness.connect(ttl=LONG)
     entered = asyncio.Event()
 
     async def body() -> None:
@@ -214,7 +216,7 @@ async def test_closing_the_client_ends_a_multi_lock_body(harness: Harness) -> No
     async with other.multi(["c1", "c2"]).acquire(timeout=scaled(5)):
         pass
     # a task that closes its client inside its own block is not cut short by its close
-    closer = harness.connect(ttl=TTL)
+    closer = harness.connect(ttl=LONG)
     closed = False
     with pytest.raises(LockLost):
         async with closer.multi(["c1", "c2"]):
@@ -251,7 +253,7 @@ async def test_cancelling_at_any_point_of_the_acquire_leaves_nothing_held(harnes
     The cancelled task lives on and looks: what it holds then is held for real (a
     task that ended would have its holds released as abandoned, hiding a leak)."""
     rng = random.Random(seed)
-    locks, other = harness.connect(ttl=TTL), harness.connect(ttl=TTL)
+    locks, other = harness.connect(ttl=LONG), harness.connect(ttl=LONG)
     names = ["k1", "k2", "k3"]
     blocked = seed % 2 == 1  # a part held elsewhere: the acquire waits for it, holding the others
     if blocked:
@@ -311,7 +313,7 @@ async def test_cancelling_at_any_point_of_the_acquire_leaves_nothing_held(harnes
 
 
 async def test_the_handle_behaves_like_a_lock(harness: Harness) -> None:
-    locks = harness.connect(ttl=TTL)
+    locks = harness.connect(ttl=LONG)
     with pytest.raises(TypeError):
         locks.multi("ab")
     with pytest.raises(TypeError):
