@@ -16,6 +16,8 @@ from ._lock import ReadLock as ReadLock
 from ._lock import RWLock as RWLock
 from ._lock import Semaphore as Semaphore
 from ._lock import WriteLock as WriteLock
+from ._multi import MultiLease as MultiLease
+from ._multi import MultiLock as MultiLock
 from ._singleton import JobRun as JobRun
 from ._singleton import Singleton as Singleton
 from ._values import Health as Health
@@ -51,6 +53,8 @@ __all__ = [
     "LockTimeout",
     "Locks",
     "LossReason",
+    "MultiLease",
+    "MultiLock",
     "NotHeld",
     "RWLock",
     "ReadLock",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, cast
 
@@ -36,9 +37,9 @@ from ._errors import BackendUnavailable, ConfigurationError, LockError, LockTime
 from ._lease import Lease
 from ._release import release_by_identity, settle
 from ._timing import REQUEST_WINDOW, Backoff, request_window
-from .abc import Acquired, Busy, LockRef, Queued, Queues
+from .abc import Acquired, AcquiresMany, Busy, LockRef, Queued, Queues
 
-__all__ = ["Want", "acquire_new"]
+__all__ = ["Want", "acquire_all", "acquire_new"]
 
 
 class _HoldRetired(Exception):
@@ -165,6 +166,63 @@ async def acquire_new(core: Core, lock: Want, owner: str, timeout: float | None)
                 await waiter.wait(wait)
             else:
                 await asyncio.sleep(max(wait or 0.0, 0.0))
+
+
+async def acquire_all(
+    core: Core, wants: Sequence[Want], owner: str, deadline: float | None
+) -> list[Lease] | Busy | None:
+    """New holds of every one of ``wants`` (plain locks of one ttl) for ``owner``, in one
+    request to a backend that :class:`AcquiresMany`, all or none.
+
+    Returns the leases (held, in the order of ``wants``), ``Busy`` (one was
+    taken: none is held), or None: the request got no answer in time, and
+    whatever it may have taken is being given back by identity (the caller
+    goes on one lock at a time, under new hold ids).
+    """
+    if core.closing or core.closed:
+        core.check_accepting()
+    backend = cast(AcquiresMany, core.backend)
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    leases = [_new_lease(core, want, owner, core.new_hold(owner), sent) for want in wants]
+    lease_time = leases[0]._lease_time
+    bound = sent + lease_time
+    if deadline is not None:
+        bound = min(bound, max(deadline, sent + request_window(lease_time)))
+
+    def give_back() -> None:
+        core.spawn(_release_each(core, leases))
+
+    try:
+        with core.deadlines.bound(bound):
+            result = await backend.try_acquire_many(
+                [want.ref for want in wants], [lease._hold for lease in leases], wants[0].ttl
+            )
+    except asyncio.CancelledError:
+        # It may have gone through: every part is given back by its identity.
+        await settle(core.spawn, _release_each(core, leases), request_window(lease_time))
+        raise
+    except ConfigurationError:
+        raise  # no retry can fix it; the try got nothing
+    except (LockError, OSError, TimeoutError):
+        give_back()
+        return None
+    if isinstance(result, Busy):
+        return result
+    if core.closed or core.closing or loop.time() >= leases[0]._expires_at:
+        # Answered after the client began closing, or too late to be trusted.
+        give_back()
+        if core.closed or core.closing:
+            raise core.closed_error()
+        return None
+    for lease, acquired in zip(leases, result, strict=True):
+        await _granted(core, lease, acquired, acquired_at=sent)  # (no await inside: the checks passed above)
+    return [_got(core, lease, sent) for lease in leases]
+
+
+async def _release_each(core: Core, leases: Sequence[Lease]) -> None:
+    """Release every one of ``leases`` by its identity, together (a try cut short may have taken them)."""
+    await asyncio.gather(*(release_by_identity(core.backend, lease, raise_errors=False) for lease in leases))
 
 
 def _new_lease(core: Core, lock: Want, owner: str, hold: str, sent: float) -> Lease:

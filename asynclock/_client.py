@@ -5,7 +5,7 @@ what happens to a lease outside an acquire is the core's work."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -16,10 +16,11 @@ from ._election import Election
 from ._errors import BackendUnavailable, LockError, unavailable
 from ._events import EventCallback
 from ._lock import Lock, RWLock, Semaphore
+from ._multi import MultiLock
 from ._options import DEFAULT_CONNECT_TIMEOUT, seconds
 from ._singleton import Singleton, make_singleton
 from ._timing import REQUEST_WINDOW
-from ._validate import check_max_hold, check_name, check_ttl
+from ._validate import check_max_hold, check_name, check_names, check_ttl
 from ._values import Health, LockInfo
 from .abc import Backend, LockRef
 
@@ -138,6 +139,14 @@ class Locks:
         if not 1 <= permits <= 100_000:
             raise ValueError(f"permits must be between 1 and 100000, got {permits}")
         return Semaphore(self._core, check_name(name), self._core.check_ttl(ttl), permits, check_max_hold(max_hold))
+
+    def multi(self, names: Iterable[str], *, ttl: float | None = None, max_hold: float | None = None) -> MultiLock:
+        """The plain locks ``names`` taken together, all or none, in sorted order, under one lease
+        whose loss (of any part) cancels the body and releases the rest; a repeated name counts
+        once. ``ttl`` and ``max_hold`` (of the whole) as for :meth:`lock`. Cheap, no I/O; TypeError /
+        ValueError for one string, a bad name or no name. See :class:`~asynclock.MultiLock`."""
+        self._core.check_open()
+        return MultiLock(self._core, check_names(names), self._core.check_ttl(ttl), check_max_hold(max_hold))
 
     def election(self, name: str, *, identity: str | None = None, ttl: float | None = None) -> Election:
         """A leader election among every client that names it; cheap, no I/O.

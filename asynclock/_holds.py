@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._lease import Lease
@@ -12,14 +12,17 @@ __all__ = ["Holds"]
 
 
 class Holds:
-    """Each lock (as held for re-entry) → owner → its lease; and the reads each owner joined to its write hold."""
+    """Each lock (as held for re-entry) → owner → its lease; the reads each owner joined to its
+    write hold; and each multi-lock (its names) → owner → its lease."""
 
-    __slots__ = ("_joined", "_leases")
+    __slots__ = ("_joined", "_leases", "multis")
 
     def __init__(self) -> None:
         self._leases: dict[LockRef, dict[str, Lease]] = {}
         # (read-write lock name, owner) -> read acquisitions joined to that owner's write hold
         self._joined: dict[tuple[str, str], int] = {}
+        #: (a multi-lock's names, owner) -> its MultiLease, while held (for re-entry and release)
+        self.multis: dict[tuple[tuple[str, ...], str], Any] = {}
 
     def get(self, key: LockRef, owner: str) -> Lease | None:
         """The lease ``owner`` holds of ``key``, if any (it may have been lost meanwhile)."""

@@ -59,6 +59,7 @@ class HoldState:
         "_risk_event",
         "_scopes",
         "_ttl",
+        "_watchers",
         "hold_count",
         "name",
         "owner",
@@ -114,6 +115,8 @@ class HoldState:
         self._owner_done: Callable[[asyncio.Task[Any]], None] | None = None
         # the loop timer that ends the hold at its handle's max_hold
         self._cap: asyncio.TimerHandle | None = None
+        # told once when the hold ends, released or lost (a multi-lock whose part this is)
+        self._watchers: list[Callable[[Any], None]] | None = None
 
     @property
     def _held(self) -> bool:
@@ -196,6 +199,23 @@ class HoldState:
     def _mark_released(self) -> None:
         """Released (or about to be, by a request already decided on): no longer held."""
         self._released = True
+        if self._watchers is not None:
+            self._ended()
+
+    def _watch_end(self, watcher: Callable[[Any], None]) -> None:
+        """Call ``watcher(self)`` once, when this hold ends (released or lost), unless :meth:`_unwatch_end` first."""
+        if self._watchers is None:
+            self._watchers = []
+        self._watchers.append(watcher)
+
+    def _unwatch_end(self, watcher: Callable[[Any], None]) -> None:
+        if self._watchers is not None and watcher in self._watchers:
+            self._watchers.remove(watcher)
+
+    def _ended(self) -> None:
+        watchers, self._watchers = self._watchers, None
+        for watcher in watchers or ():
+            watcher(self)
 
     def _release_refused(self, reason: str) -> None:
         """The server no longer had the hold when its release came: it was lost before, not released."""
@@ -257,6 +277,8 @@ class HoldState:
             self._lost_event.set()
         if self._risk_event is not None:
             self._risk_event.set()
+        if self._watchers is not None:
+            self._ended()
 
 
 def now() -> float:

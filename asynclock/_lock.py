@@ -14,7 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Coroutine, Generator
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
@@ -29,7 +29,7 @@ from ._validate import check_timeout
 from ._values import LockInfo, LossReason
 from .abc import LockRef
 
-__all__ = ["Acquiring", "Lock", "RWLock", "ReadLock", "Semaphore", "WriteLock"]
+__all__ = ["Acquiring", "Entered", "Lock", "RWLock", "ReadLock", "Semaphore", "WriteLock"]
 
 logger = logging.getLogger("asynclock")
 
@@ -121,7 +121,7 @@ class Lock:
             info = dataclasses.replace(info, holders=(info.owner,))
         return info
 
-    def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Acquiring:
+    def acquire(self, *, timeout: float | None = None, detached: bool = False) -> Acquiring[Lease]:
         """Wait until this task holds the lock: ``lease = await lock.acquire()``, or
         ``async with lock.acquire(timeout=5) as lease:`` (released when the block ends).
 
@@ -301,7 +301,22 @@ class Lock:
             raise LockLost(self.name, lease.lost_reason or "lost")
 
 
-class Acquiring(Coroutine[Any, Any, Lease]):
+L = TypeVar("L")
+
+
+class Entered(Protocol[L]):
+    """A handle whose ``acquire()`` returns an :class:`Acquiring`: how it acquires, and runs a body."""
+
+    async def _acquire(self, timeout: float | None, detached: bool) -> L: ...
+
+    def _enter_body(self, lease: L) -> None: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool: ...
+
+
+class Acquiring(Coroutine[Any, Any, L]):
     """What :meth:`Lock.acquire` returns: awaited, the lease; entered with ``async with``, a held block.
 
     ``lease = await lock.acquire(timeout=5)`` waits for the lock and returns
@@ -313,20 +328,20 @@ class Acquiring(Coroutine[Any, Any, Lease]):
 
     __slots__ = ("_coro", "_detached", "_lock", "_timeout")
 
-    def __init__(self, lock: Lock, timeout: float | None, detached: bool) -> None:
+    def __init__(self, lock: Entered[L], timeout: float | None, detached: bool) -> None:
         self._lock = lock
         self._timeout = timeout
         self._detached = detached
-        self._coro: Coroutine[Any, Any, Lease] | None = None
+        self._coro: Coroutine[Any, Any, L] | None = None
 
     # A coroutine as well, so that asyncio.create_task(lock.acquire()) works as it always has.
 
-    def _acquiring(self) -> Coroutine[Any, Any, Lease]:
+    def _acquiring(self) -> Coroutine[Any, Any, L]:
         if self._coro is None:
             self._coro = self._lock._acquire(self._timeout, self._detached)
         return self._coro
 
-    def __await__(self) -> Generator[Any, None, Lease]:
+    def __await__(self) -> Generator[Any, None, L]:
         coro = self._coro
         if coro is None:
             coro = self._coro = self._lock._acquire(self._timeout, self._detached)
@@ -342,7 +357,7 @@ class Acquiring(Coroutine[Any, Any, Lease]):
         if self._coro is not None:
             self._coro.close()
 
-    async def __aenter__(self) -> Lease:
+    async def __aenter__(self) -> L:
         lock = self._lock
         if self._detached:
             raise TypeError(

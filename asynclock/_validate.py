@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 
 #: Longest lock name accepted, in characters.
 MAX_NAME_LENGTH = 512
@@ -23,6 +24,16 @@ def check_name(name: object) -> str:
     except UnicodeEncodeError as exc:
         raise ValueError(f"lock name is not valid unicode text: {exc}") from None
     return name
+
+
+def check_names(names: Iterable[str]) -> list[str]:
+    """A multi-lock's names: an iterable of names (not one string), at least one."""
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise TypeError(f"names must be a list of lock names, not {type(names).__name__}")
+    checked = [check_name(name) for name in names]
+    if not checked:
+        raise ValueError("a multi-lock needs at least one name")
+    return checked
 
 
 def _number(value: object, what: str) -> float:

@@ -79,6 +79,7 @@ from typing import Literal, Protocol, runtime_checkable
 from ._values import Leader, LockInfo, LossReason
 
 __all__ = [
+    "AcquiresMany",
     "Acquired",
     "Backend",
     "BackendHooks",
@@ -309,6 +310,32 @@ class BoundsTtl(Protocol):
 
     def check_ttl(self, ttl: float) -> None:
         """Raise ValueError if holds of ``ttl`` seconds cannot be kept; no I/O."""
+
+
+@runtime_checkable
+class AcquiresMany(Protocol):
+    """A backend that can take several plain locks in one request, all or none (``locks.multi``).
+
+    The front asks it first, when every part is free for the asking: a
+    multi-lock whose parts are free then costs one round trip. When one part
+    is taken it takes none, and the front goes on part by part, in order.
+    """
+
+    def acquires_many(self, refs: Sequence[LockRef]) -> bool:
+        """Whether :meth:`try_acquire_many` can take these together (one server, one slot); no I/O."""
+
+    async def try_acquire_many(
+        self, refs: Sequence[LockRef], holds: Sequence[str], ttl: float
+    ) -> list[Acquired] | Busy:
+        """Take every ``refs[i]`` for ``holds[i]`` if every one is free (or held by that very hold
+        already: a retry), else take none and answer ``Busy``; never queues.
+
+        Each part then is an ordinary hold of its plain lock, in the backend's
+        own key, that ``release``, ``renew``, ``set_count`` and ``info`` serve
+        as if ``try_acquire`` had taken it; a single lock of the same name, of
+        any client, excludes it and is excluded by it. A lock with waiters
+        queued counts as taken (the multi-lock does not jump their queue).
+        """
 
 
 @runtime_checkable

@@ -155,3 +155,16 @@ async def fences(locks: asynclock.Locks, conn: Any) -> None:
         print(stale.resource, stale.token, mark)
     async with locks.election("scheduler", identity="a").leadership() as term:
         await fence.call(term, "SET", "{scheduler}:ran", "1")
+
+
+async def multi_lock(locks: asynclock.Locks) -> dict[str, int | None]:
+    accounts: asynclock.MultiLock = locks.multi(["acct:1", "acct:2"], ttl=10, max_hold=60)
+    async with accounts as lease:
+        tokens: dict[str, int | None] = lease.tokens
+        part: asynclock.Lease = lease.parts["acct:1"]
+        print(part.token, lease.names, accounts.held)
+    async with accounts.acquire(timeout=5) as held:
+        print(held.remaining)
+    detached: asynclock.MultiLease = await accounts.acquire(timeout=0, detached=True)
+    await detached.release()
+    return tokens

@@ -189,6 +189,17 @@ class MemoryBackend:
         self._requests[hold] = req
         return Queued(None)
 
+    def acquires_many(self, refs: Sequence[LockRef]) -> bool:
+        """Plain locks: every one in the process's one table."""
+        return all(ref.kind == "lock" for ref in refs)
+
+    async def try_acquire_many(
+        self, refs: Sequence[LockRef], holds: Sequence[str], ttl: float
+    ) -> list[Acquired] | Busy:
+        """Every plain lock of ``refs`` in one step of the table, all or none."""
+        await self._request()
+        return _TABLE.try_acquire_all([self.lock_key(ref) for ref in refs], list(holds), ttl)
+
     async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
         req = self._requests[hold]
         key = self.lock_key(ref)

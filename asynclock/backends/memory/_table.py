@@ -49,6 +49,25 @@ class _Table:
                 return Acquired(entry.token)
             return Busy(entry.expires_at - now)
 
+    def try_acquire_all(self, keys: list[str], holds: list[str], ttl: float) -> list[Acquired] | Busy:
+        """Take every ``keys[i]`` for ``holds[i]`` if each is free (or held by that hold already), else none."""
+        now = _clock()
+        with self._mutex:
+            for key, hold in zip(keys, holds, strict=True):
+                entry = self._live(key, now)
+                if entry is not None and entry.owner != hold:
+                    return Busy(entry.expires_at - now)
+            return [self.try_acquire_locked(key, hold, ttl, now) for key, hold in zip(keys, holds, strict=True)]
+
+    def try_acquire_locked(self, key: str, hold: str, ttl: float, now: float) -> Acquired:
+        """Take ``key``, free or held by ``hold`` (the caller holds the mutex and checked)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(hold, 1, next(self._tokens), now + ttl)
+        else:
+            entry.expires_at = now + ttl
+        return Acquired(entry.token)
+
     def set_count(self, key: str, hold: str, count: int, ttl: float) -> bool:
         now = _clock()
         with self._mutex:

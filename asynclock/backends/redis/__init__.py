@@ -220,6 +220,20 @@ class RedisBackend:
         self._pubsub.note_ttl(ttl)  # its health check keeps up with the locks it serves
         return await self._holds.try_acquire(self._queue(ref), ref, self._hold(ref, hold), ttl, enqueue=enqueue)
 
+    def acquires_many(self, refs: Sequence[LockRef]) -> bool:
+        """Plain (and fair) locks: one server has every key, so one script takes them all."""
+        return all(ref.kind in EXCLUSIVE for ref in refs)
+
+    async def try_acquire_many(
+        self, refs: Sequence[LockRef], holds: Sequence[str], ttl: float
+    ) -> list[Acquired] | Busy:
+        """Every lock of ``refs`` in one script call, all or none (``exclusive_acquire_all.lua``)."""
+        self._pubsub.note_ttl(ttl)
+        answer = await self._exclusive.enter_all(refs, holds, ttl)
+        if isinstance(answer, list):
+            return [Acquired(token) for token in answer]
+        return Busy(answer)
+
     async def wait_queued(self, ref: LockRef, hold: str, ttl: float, until: float | None) -> Acquired | Queued:
         """Until the hand-over message arrives or the loop time ``until``; then one poll (``_queue.py``)."""
         return await self._holds.wait_queued(self._queue(ref), ref, self._hold(ref, hold), ttl, until)

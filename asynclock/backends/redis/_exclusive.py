@@ -52,6 +52,7 @@ __all__ = ["ExclusiveLock"]
 KEY_CACHE = 4096
 
 ACQUIRE = Script.load("exclusive_prelude.lua", "exclusive_acquire.lua")
+ACQUIRE_ALL = Script.load("exclusive_prelude.lua", "exclusive_acquire_all.lua")
 RELEASE = Script.load("exclusive_prelude.lua", "exclusive_release.lua")
 SET_COUNT = Script.load("exclusive_prelude.lua", "exclusive_set_count.lua")
 INFO = Script.load("exclusive_prelude.lua", "exclusive_info.lua")
@@ -183,6 +184,38 @@ class ExclusiveLock:
             return Entered(answer)
         hint, _, queued = (answer.encode() if isinstance(answer, str) else answer).partition(b" ")
         return Entered(None, int(hint) / 1000 if hint != b"-1" else None, queued)
+
+    async def enter_all(self, refs: Sequence[LockRef], holds: Sequence[str], ttl: float) -> list[int] | float | None:
+        """One request for every lock of ``refs`` (``holds[i]`` for ``refs[i]``), all or none, never queued.
+
+        Returns their tokens, or the seconds until a holder's lease ends
+        (None: unknown) when one is taken and none was. Only where one server
+        has every key (not on a Cluster). With ``replicas``, a grant they do
+        not confirm is given back.
+        """
+        connection = self._connection
+        keys: list[bytes] = []
+        for ref in refs:
+            x, q, _, _ = self._encoded(ref.name)
+            keys += (x, q)
+        args = (self._ttl(ttl), *(bulk(hold) for hold in holds))
+        if not connection.replicas:
+            answer = await connection.call(ACQUIRE_ALL, keys, args)
+        else:
+            answer, confirmed = await connection.call_confirmed(ACQUIRE_ALL, keys, args)
+            if isinstance(answer, list) and confirmed < connection.replicas:
+                for ref, hold in zip(refs, holds, strict=True):
+                    await self.release(ref, hold)
+                raise BackendUnavailable(
+                    f"only {confirmed} of {connection.replicas} replicas confirmed the acquire within the"
+                    " replica timeout"
+                )
+        if not isinstance(answer, list):
+            return int(answer) / 1000 if int(answer) >= 0 else None
+        tokens = [int(token) for token in answer]
+        for ref, hold, token in zip(refs, holds, tokens, strict=True):
+            self.held(ref, hold, ttl, token)
+        return tokens
 
     async def release(self, ref: LockRef, hold: str, entry: bytes = b"") -> bool:
         """Give up ``hold`` (to the head of the queue), or take it out of the queue."""
