@@ -29,12 +29,32 @@ from ._validate import check_timeout
 from ._values import LockInfo, LossReason
 from .abc import LockRef
 
-__all__ = ["Acquiring", "Entered", "Lock", "RWLock", "ReadLock", "Semaphore", "WriteLock"]
+__all__ = ["Acquiring", "AsyncOnly", "Entered", "Lock", "RWLock", "ReadLock", "Semaphore", "WriteLock"]
 
 logger = logging.getLogger("asynclock")
 
 
-class Lock:
+class AsyncOnly:
+    """What a handle says when it is used as a plain context manager or awaited: how it is used.
+
+    ``_noun``: the word its messages call it (``lock``, ``multi``).
+    """
+
+    __slots__ = ()
+    _noun = "lock"
+
+    def __enter__(self) -> None:
+        raise TypeError(f"{type(self).__name__} is entered with 'async with', not 'with'")
+
+    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ always raises
+        return None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        noun = self._noun
+        raise TypeError(f"a {type(self).__name__} is not awaited: use 'await {noun}.acquire()' or 'async with {noun}'")
+
+
+class Lock(AsyncOnly):
     """A distributed lock; made by ``locks.lock(name)``.
 
     Owned by the asyncio task that acquires it; the same task may acquire it
@@ -199,15 +219,6 @@ class Lock:
         lease = await self._acquire(None, False)
         self._enter_body(lease)
         return lease
-
-    def __enter__(self) -> None:
-        raise TypeError(f"{type(self).__name__} is entered with 'async with', not 'with'")
-
-    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ always raises
-        return None
-
-    def __await__(self) -> Generator[Any, None, Lease]:
-        raise TypeError(f"a {type(self).__name__} is not awaited: use 'await lock.acquire()' or 'async with lock'")
 
     def _enter_body(self, lease: Lease) -> None:
         """A body starts under ``lease``: it runs in a cancel scope that the lease's loss cancels."""

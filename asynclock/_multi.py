@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
@@ -37,7 +37,7 @@ from ._core import Core
 from ._errors import BackendUnavailable, LockError, LockLost, LockTimeout, NotHeld
 from ._holdstate import HoldState, now
 from ._lease import Lease
-from ._lock import Acquiring, Lock
+from ._lock import Acquiring, AsyncOnly, Lock
 from ._owner import current_owner, detached_owner
 from ._release import settle
 from ._timing import request_window
@@ -326,7 +326,7 @@ async def _wait_all(tasks: list[asyncio.Task[Any]]) -> None:
         await asyncio.wait(tasks)
 
 
-class MultiLock:
+class MultiLock(AsyncOnly):
     """Several locks taken together, all or none, under one lease; made by ``locks.multi(names)``.
 
     Used like a :class:`Lock` (``async with``, ``acquire``, ``release``,
@@ -351,6 +351,7 @@ class MultiLock:
     """
 
     __slots__ = ("_core", "_locks", "_scopes", "max_hold", "names", "ttl")
+    _noun = "multi"
 
     def __init__(self, core: Core, names: Sequence[str], ttl: float, max_hold: float | None = None) -> None:
         self._core = core
@@ -476,15 +477,6 @@ class MultiLock:
         lease = await self._acquire(None, False)
         self._enter_body(lease)
         return lease
-
-    def __enter__(self) -> None:
-        raise TypeError(f"{type(self).__name__} is entered with 'async with', not 'with'")
-
-    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ always raises
-        return None
-
-    def __await__(self) -> Generator[Any, None, MultiLease]:
-        raise TypeError(f"a {type(self).__name__} is not awaited: use 'await multi.acquire()' or 'async with multi'")
 
     def _enter_body(self, lease: MultiLease) -> None:
         """A body starts under ``lease``: it runs under every part, so each part's loss cancels it."""
