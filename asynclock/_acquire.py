@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn, cast
 
 from ._core import Core
-from ._errors import BackendUnavailable, ConfigurationError, LockError, LockTimeout, unavailable
+from ._errors import BackendUnavailable, ConfigurationError, LockError, LockTimeout, server_of, unavailable
 from ._lease import Lease
 from ._release import release_by_identity, settle
 from ._timing import REQUEST_WINDOW, Backoff, request_window
@@ -286,7 +286,7 @@ async def _wait_in_queue(
                 # failures the queue entry is gone anyway): give back whatever it may hold.
                 give_back()
                 core.events.emit("timeout", lock.name, owner, None, wait_s=now - started)
-                raise unavailable(exc) from exc
+                raise unavailable(exc, server_of(backend)) from exc
             pause = backoff.next()
             await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
             continue
@@ -300,7 +300,7 @@ async def _wait_in_queue(
             got = await _granted(core, lease, result, acquired_at=loop.time())
             if isinstance(got, _HoldRetired):
                 core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
-                raise unavailable(TimeoutError("the grant arrived after the lease time had passed"))
+                raise unavailable(TimeoutError("the grant arrived after the lease time had passed"), server_of(backend))
             return _got(core, got, started)
         queued = result
         if deadline is not None and loop.time() >= deadline:
@@ -340,13 +340,13 @@ def _give_up(
 ) -> NoReturn:
     core.events.emit("timeout", lock.name, owner, None, wait_s=asyncio.get_running_loop().time() - started)
     if isinstance(last, _HoldRetired):
-        raise unavailable(last.__cause__ or last) from last.__cause__
+        raise unavailable(last.__cause__ or last, server_of(core.backend)) from last.__cause__
     if isinstance(last, BaseException):
         # An earlier try may have gone through unseen: give it back by identity
         # (not when no connection could be made at all: nothing reached the server).
         if not (isinstance(last, BackendUnavailable) and last.connect_timeout is not None):
             _probe_release(core, lock, hold, owner)
-        raise unavailable(last) from last
+        raise unavailable(last, server_of(core.backend)) from last
     raise LockTimeout(lock.name, timeout)
 
 

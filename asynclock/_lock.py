@@ -20,7 +20,7 @@ import anyio
 
 from ._acquire import Want, acquire_new
 from ._core import Core
-from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, NotHeld, unavailable
+from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, NotHeld, server_of, unavailable
 from ._lease import Lease
 from ._owner import current_owner, detached_owner
 from ._release import release_by_identity
@@ -116,7 +116,7 @@ class Lock:
                 except (LockError, OSError):
                     info = await backend.info(self._ref)  # read-only: one retry on a fresh connection
         except (LockError, OSError, TimeoutError) as exc:
-            raise unavailable(exc) from exc
+            raise unavailable(exc, server_of(backend)) from exc
         if info.owner is not None and not info.holders:
             info = dataclasses.replace(info, holders=(info.owner,))
         return info

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError, LockError, unavailable
+from ._errors import ConfigurationError, LockError, server_of, unavailable
 from ._timing import Backoff, Deadlines, request_window
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ async def release_by_identity(
             pause = backoff.next()
             if isinstance(exc, ConfigurationError) or loop.time() + pause >= give_up:
                 if raise_errors:
-                    raise unavailable(exc) from exc
+                    raise unavailable(exc, server_of(backend)) from exc
                 logger.info("could not release %r (%r); it expires by itself", lease.name, exc)
                 return False
             await asyncio.sleep(pause)

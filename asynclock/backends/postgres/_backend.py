@@ -149,6 +149,11 @@ class PostgresBackend:
         return cls(pool, prefix=prefix, connect_timeout=connect_timeout, **options)
 
     @property
+    def where(self) -> str:
+        """The server, as messages name it."""
+        return f"PostgreSQL at {self._errors.address}"
+
+    @property
     def pool(self) -> Any:
         """The asyncpg pool in use (None before ``start`` when asynclock opens it)."""
         return self._pool.pool

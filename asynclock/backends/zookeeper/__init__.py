@@ -327,6 +327,11 @@ class ZooKeeperBackend:
         """The leader after each change, read again after every watch event (see :mod:`._election`)."""
         return ZkLeaderWatch(self._session, self._layout.key(ref), self._window(), self._edge)
 
+    @property
+    def where(self) -> str:
+        """The server of the session's connection (else every server), as messages name it."""
+        return f"ZooKeeper at {self._session.address}"
+
     async def names(self) -> list[str]:
         """Lock names under this client's prefix that have contenders now."""
         with self._edge:
