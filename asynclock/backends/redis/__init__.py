@@ -37,7 +37,7 @@ from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_text, take_query
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
 from .._breaking import break_by_release
-from ._connection import Connection, address
+from ._connection import GIVEN_CLIENT_HINT, Connection, address, password_hint
 from ._election import Elections, RedisLeaderWatch, hold_of, server_hold
 from ._exclusive import ExclusiveLock
 from ._pubsub import PubSub
@@ -75,6 +75,7 @@ class RedisBackend:
         replica_timeout: float = 0.5,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         where: str | None = None,
+        hint: str = GIVEN_CLIENT_HINT,
     ) -> None:
         check_replicas(replicas, replica_timeout)
         settings = dict(getattr(client.connection_pool, "connection_kwargs", {}))
@@ -87,6 +88,7 @@ class RedisBackend:
             replicas=replicas,
             replica_timeout=replica_timeout,
             owns_client=owns_client,
+            hint=hint,
         )
         self._prefix = prefix
         self._pubsub = PubSub(self.connection)
@@ -140,6 +142,7 @@ class RedisBackend:
             replicas=replicas,
             replica_timeout=replica_timeout,
             connect_timeout=connect_timeout,
+            hint=password_hint(parts.scheme.lower(), parts.netloc.rpartition("@")[2], parts.path),
         )
 
     @classmethod
@@ -162,6 +165,11 @@ class RedisBackend:
             replica_timeout=replica_timeout,
             connect_timeout=connect_timeout,
         )
+
+    @property
+    def where(self) -> str:
+        """The server, as messages name it."""
+        return self.connection.where
 
     @property
     def client(self) -> aioredis.Redis:

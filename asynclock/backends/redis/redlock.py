@@ -63,7 +63,7 @@ from ..._timing import drift
 from ..._values import LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, RenewItem, unsupported
 from .._breaking import break_by_release
-from ._connection import Connection, address
+from ._connection import GIVEN_CLIENT_HINT, Connection, address, password_hint
 from ._hash import HashLock
 from ._pubsub import PubSub
 from ._urls import check_options, connection_options, database
@@ -114,12 +114,15 @@ class RedlockBackend:
         owns_clients: bool = False,
         node_timeout: float | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        hint: str = GIVEN_CLIENT_HINT,
     ) -> None:
         if len(clients) < 1:
             raise ValueError("Redlock needs at least one Redis node")
         if node_timeout is not None and not node_timeout > 0:
             raise ValueError(f"node_timeout must be > 0, got {node_timeout!r}")
-        self._nodes = [HashLock(_node_connection(client, connect_timeout, owns_clients), prefix) for client in clients]
+        self._nodes = [
+            HashLock(_node_connection(client, connect_timeout, owns_clients, hint), prefix) for client in clients
+        ]
         self._node_timeout = node_timeout
         self._quorum = quorum(len(clients))
         self._releases: _Releases | None = None  # made by ``start``
@@ -161,8 +164,18 @@ class RedlockBackend:
         tail = f"{parts.path}?{parts.query}" if parts.query else parts.path
         clients = [aioredis.Redis.from_url(f"redis://{auth}{address}{tail}", **options) for address in addresses]
         return cls(
-            clients, prefix=prefix, owns_clients=True, node_timeout=node_timeout, connect_timeout=connect_timeout
+            clients,
+            prefix=prefix,
+            owns_clients=True,
+            node_timeout=node_timeout,
+            connect_timeout=connect_timeout,
+            hint=password_hint("redlock", hosts, parts.path),
         )
+
+    @property
+    def where(self) -> str:
+        """The nodes, as messages name them."""
+        return "Redlock at " + ",".join(node.connection.where.removeprefix("Redis at ") for node in self._nodes)
 
     @property
     def nodes(self) -> list[HashLock]:
@@ -351,8 +364,8 @@ class RedlockBackend:
         return self._ttl_hint
 
 
-def _node_connection(client: aioredis.Redis, connect_timeout: float, owns_client: bool) -> Connection:
-    """The connection to one node, named by its address in errors."""
+def _node_connection(client: aioredis.Redis, connect_timeout: float, owns_client: bool, hint: str) -> Connection:
+    """The connection to one node, named by its address in errors; ``hint`` says how to give it a password."""
     settings = dict(client.connection_pool.connection_kwargs)
     return Connection(
         client,
@@ -360,6 +373,7 @@ def _node_connection(client: aioredis.Redis, connect_timeout: float, owns_client
         connect_timeout=connect_timeout,
         secrets=[settings.get("password")],
         owns_client=owns_client,
+        hint=hint,
     )
 
 
