@@ -43,7 +43,15 @@ from ._exclusive import ExclusiveLock
 from ._pubsub import PubSub
 from ._queue import Handovers, QueueClient
 from ._shared import QueuedResource
-from ._urls import OWN_OPTIONS, check_options, check_replicas, connection_options, database, replica_options
+from ._urls import (
+    OWN_OPTIONS,
+    REDIS_PY_OPTIONS,
+    check_options,
+    check_replicas,
+    connection_options,
+    database,
+    replica_options,
+)
 
 __all__ = ["RedisBackend"]
 
@@ -124,8 +132,14 @@ class RedisBackend:
             "rediss": aioredis.SSLConnection,
             "unix": aioredis.UnixDomainSocketConnection,
         }.get(parts.scheme.lower(), aioredis.Connection)
-        valid = {*connection_options(connection_class), *OWN_OPTIONS}
-        check_options(rest, options, valid, f"{parts.scheme}://", taken=own)
+        check_options(
+            rest,
+            options,
+            OWN_OPTIONS,
+            f"{parts.scheme}://",
+            passed_on=connection_options(connection_class),
+            others=REDIS_PY_OPTIONS,
+        )
         if parts.scheme.lower() in ("redis", "rediss"):
             database(parts.path, url)
         replicas, replica_timeout = replica_options(options, own)

@@ -168,7 +168,14 @@ class ClusterBackend:
         if database(parts.path, url):
             raise ValueError(f"Redis Cluster has only database 0, got {mask_url(url)}")
         valid = cluster_options()
-        check_options(url, options, valid, "redis+cluster://")
+        check_options(
+            url,
+            options,
+            (),
+            "redis+cluster://",
+            passed_on=valid,
+            others="and what redis-py's RedisCluster takes, such as read_from_replicas, socket_timeout or password",
+        )
         kwargs: dict[str, Any] = {
             key: url_value(key, value, valid.get(key)) for key, value in parse_qsl(parts.query, keep_blank_values=True)
         }

@@ -66,7 +66,7 @@ from .._breaking import break_by_release
 from ._connection import GIVEN_CLIENT_HINT, Connection, address, password_hint
 from ._hash import HashLock
 from ._pubsub import PubSub
-from ._urls import check_options, connection_options, database
+from ._urls import REDIS_PY_OPTIONS, check_options, connection_options, database
 
 __all__ = ["RedlockBackend"]
 
@@ -146,7 +146,12 @@ class RedlockBackend:
         rest, own = take_query(url, ("node_timeout",))
         parts = urlsplit(rest)
         check_options(
-            rest, options, {*connection_options(aioredis.Connection), "node_timeout"}, "redlock://", taken=own
+            rest,
+            options,
+            ("node_timeout",),
+            "redlock://",
+            passed_on=connection_options(aioredis.Connection),
+            others=REDIS_PY_OPTIONS.replace("takes", "takes (for every node)"),
         )
         node_timeout: float | None = None
         raw_timeout = options.pop("node_timeout", own.get("node_timeout"))

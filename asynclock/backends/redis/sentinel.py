@@ -203,7 +203,14 @@ class SentinelBackend(RedisBackend):
             raise ValueError(f"a Sentinel URL ends in /service_name[/db], got {mask_url(url)}")
         service = unquote(path[0])
         valid = sentinel_options()
-        check_options(rest, options, {*valid, *OWN_OPTIONS, *SENTINEL_OWN}, "redis+sentinel://", taken=own)
+        check_options(
+            rest,
+            options,
+            (*OWN_OPTIONS, *SENTINEL_OWN),
+            "redis+sentinel://",
+            passed_on=valid,
+            others="and what redis-py's Sentinel and its data connections take, such as socket_timeout or password",
+        )
         kwargs: dict[str, Any] = {
             key: url_value(key, value, valid.get(key)) for key, value in parse_qsl(parts.query, keep_blank_values=True)
         }

@@ -158,7 +158,8 @@ class ZooKeeperBackend:
         Unknown options raise ValueError naming the valid ones.
         """
         hosts, chroot, query = parse_url(url)
-        reject_unknown([*query, *options], OPTIONS, "zk://")
+        reject_unknown(query, OPTIONS, "zk://")
+        reject_unknown(options, OPTIONS, "zk://", keywords=True)
         merged: dict[str, Any] = {**query, **options}
         asked = merged.pop("session_timeout", None)
         session_timeout = seconds(asked, "session_timeout") if asked is not None else None
