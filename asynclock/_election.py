@@ -286,8 +286,8 @@ class _Candidacy(Lock):
             pass  # lost while the body unwound: the term is over either way
         except BackendUnavailable as err:
             # Nobody renews it any more: it expires by itself.
-            logger.warning("release of election %r failed, it will expire by itself: %r", self.name, err)
-            core.spawn(release_by_identity(core.backend, lease, raise_errors=False))
+            logger.warning("release of election %r failed, it will expire by itself: %s", self.name, err)
+            core.spawn(release_by_identity(core.backend, lease, raise_errors=False, quiet=True))
 
     def __repr__(self) -> str:
         return f"<Candidacy {self.name!r} identity={self._ref.identity!r}>"

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+from collections.abc import Callable
+from typing import TypeVar
 
 from ._values import LossReason
 from .abc import Backend, Located
@@ -153,6 +155,27 @@ class ConfigurationError(LockError):
     forever too); a waiter never retries it. The message names the server's
     address (never a password) and quotes the server's own words.
     """
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def shown_as(public: type[LockError]) -> Callable[[type[E]], type[E]]:
+    """Class decorator for a backend's own exception, a subclass of the public class ``public``
+    (which is what callers catch): it shows itself as ``asynclock.<public>`` in reprs and
+    tracebacks, so that no message names a private module's class."""
+
+    def reduce(self: BaseException) -> tuple[object, ...]:
+        # (pickled as the public class: the name it shows is the public class's)
+        return public, self.args, self.__dict__ or None
+
+    def present(cls: type[E]) -> type[E]:
+        cls.__module__ = "asynclock"
+        cls.__name__ = cls.__qualname__ = public.__name__
+        cls.__reduce__ = reduce  # type: ignore[assignment,method-assign]
+        return cls
+
+    return present
 
 
 def server_of(backend: Backend) -> str:

@@ -3,11 +3,20 @@
 * An unknown option lists the valid ones as each backend's docs page lists
   them (parsed from the page, so the two cannot drift apart), never the
   dozens of names a client library's signatures hold.
+* A failure (nothing listening, a server that stopped answering, a server
+  killed under a held lock) says what happened in words, on every backend:
+  no private module or class of asynclock's, no client library's exception
+  class or repr, in the message, in the traceback's last line, or in a log
+  line.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
+import traceback
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +24,13 @@ import pytest
 import redis.asyncio as aioredis
 
 import asynclock
+from asynclock import BackendUnavailable, LockError, LockLost
+from asynclock.testing import faults, virtual_clock
+from tests.servers import RedisServer, free_port, scaled
+from tests.servers.base import ServerProcess
+from tests.servers.etcd import EtcdServer
+from tests.servers.postgres import PostgresServer
+from tests.servers.zookeeper import ZooKeeperServer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "backends"
 #: What every backend takes (``on_event`` as a keyword only).
@@ -117,3 +133,191 @@ def test_the_options_of_a_client_library_are_named_in_words_and_still_taken() ->
     assert "and what redis-py's Redis.from_url takes" in text
     assert "maint_notifications" not in text and "connection_class" not in text, text
     asynclock.connect("redis://127.0.0.1:1/0?socket_timeout=1", health_check_interval=5)  # still taken
+
+
+# -- failures, in words ----------------------------------------------------------------------------
+
+#: What no user-facing text may show: a private module or class of asynclock's (a dotted
+#: path with a part that starts with ``_``, a ``_Class``, or a ``_name`` that is no znode's),
+#: a client library's exception class or repr (redis-py's is ``network:ConnectionError``).
+LEAKS = re.compile(
+    r"asynclock(\.\w+)*\._\w"
+    r"|(?<![/\w])_[a-z]\w*\b(?!-)"
+    r"|\b_[A-Z]"
+    r"|Zk[A-Z]|Etcd[A-Z]|aiozk|asyncpg\.|grpc|AioRpcError|redis\.exceptions|\b(network|auth|server):[A-Z]"
+    r"|\b[A-Z]\w*(Error|Exception|Loss)\(|<[\w.]+ object at"
+)
+
+
+def leaks(text: str) -> list[str]:
+    return [found.group(0) for found in LEAKS.finditer(text)]
+
+
+def test_the_leak_pattern_catches_what_messages_used_to_show() -> None:
+    for shown in [
+        "ZooKeeper at 127.0.0.1:2181: ZkConnectionLoss('no ZooKeeper server could be reached')",
+        "lock server did not answer in time: TimeoutError()",
+        "redis pub/sub connection lost, reconnecting: network:ConnectionError",
+        "asynclock.backends.zookeeper._wire.ZkConnectionLoss: gone",
+        "etcd at 127.0.0.1:2379: <AioRpcError of RPC that terminated with: status = StatusCode.UNAVAILABLE>",
+        "could not release 'x' (_HoldRetired())",
+    ]:
+        assert leaks(shown), shown
+    for fine in [
+        "Redis at 127.0.0.1:6379 could not be reached: connection refused",
+        "could not delete the ZooKeeper node /app/asynclock/x/_c_2f1e-lock-0000000001 of 'x'",
+        "lock 'held' lost: the trusted deadline passed without a renewal (last renewal error: timed out)",
+        "asynclock.BackendUnavailable: ZooKeeper at 127.0.0.1:2181 did not answer in time",
+    ]:
+        assert not leaks(fine), (fine, leaks(fine))
+
+
+SERVERS: dict[str, type[ServerProcess]] = {
+    "redis": RedisServer,
+    "redlock": RedisServer,
+    "postgres": PostgresServer,
+    "zookeeper": ZooKeeperServer,
+    "etcd": EtcdServer,
+}
+
+
+def url_at(kind: str, port: int, server: Any = None) -> str:
+    if kind == "redlock":
+        return f"redlock://127.0.0.1:{port}"
+    if server is not None:
+        return str(server.url)
+    return {
+        "redis": f"redis://127.0.0.1:{port}/0",
+        "postgres": f"postgresql://postgres@127.0.0.1:{port}/postgres",
+        "zookeeper": f"zk://127.0.0.1:{port}",
+        "etcd": f"etcd://127.0.0.1:{port}",
+    }[kind]
+
+
+@pytest.fixture(params=list(SERVERS))
+def fresh(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
+    """A server of the test's own (it is paused and killed), of each kind."""
+    kind: str = request.param
+    server: Any = SERVERS[kind]()
+    try:
+        server.start()
+        yield kind, server
+    finally:
+        server.cleanup()
+
+
+class Said:
+    """Every error the test met, and every log line at INFO or above, to be read for leaks."""
+
+    def __init__(self, caplog: pytest.LogCaptureFixture) -> None:
+        self.caplog = caplog
+        self.errors: list[BaseException] = []
+        #: other texts shown to the user (a lease's ``lost_reason``)
+        self.notes: list[str] = []
+
+    async def failing(self, what: Awaitable[Any], within: float = 30.0) -> BaseException | None:
+        """Await ``what``; the asynclock error it raised (kept), or None."""
+        try:
+            async with asyncio.timeout(scaled(within)):
+                await what
+        except LockError as exc:
+            self.errors.append(exc)
+            return exc
+        return None
+
+    def texts(self) -> list[str]:
+        shown = []
+        for error in self.errors:
+            shown.append(str(error))
+            shown.append("".join(traceback.format_exception_only(error)))  # the traceback's last line
+            if isinstance(error, LockLost):
+                shown.append(error.reason)
+        shown += self.notes
+        shown += [r.getMessage() for r in self.caplog.records if r.levelno >= logging.INFO]
+        return shown
+
+
+@pytest.mark.anyio
+async def test_failures_on_every_backend_are_said_in_words(
+    fresh: tuple[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing listening, a paused server, a server killed under a held lock and a
+    detached lease: what each operation raises, and what is logged, names the
+    server and the cause in words; the client library's error stays the cause."""
+    caplog.set_level(logging.DEBUG, logger="asynclock")
+    kind, server = fresh
+    said = Said(caplog)
+    url = url_at(kind, server.port, server)
+    ttl, quick = scaled(2.0), scaled(1.0)
+
+    # nothing listening
+    nowhere = url_at(kind, free_port())
+    refused = await said.failing(asynclock.connect(nowhere, connect_timeout=quick).open())
+    assert isinstance(refused, BackendUnavailable) and "refused" in str(refused), refused
+    if kind not in ("zookeeper", "redlock"):  # (those say it from their own attempts, each named)
+        assert refused.__cause__ is not None  # the client library's (or the socket's) error
+    locks = asynclock.connect(nowhere, connect_timeout=quick)
+    try:
+        assert isinstance(await said.failing(locks.lock("x").acquire(timeout=quick)), BackendUnavailable)
+    finally:
+        await locks.aclose()
+
+    # a server that does not answer
+    server.pause()
+    try:
+        assert isinstance(await said.failing(asynclock.connect(url, connect_timeout=quick).open()), BackendUnavailable)
+    finally:
+        server.resume()
+
+    # paused under a detached lease: its release and an acquire go unanswered
+    async with asynclock.connect(url, ttl=ttl, connect_timeout=quick, prefix="words") as locks:
+        lease = await locks.lock("paused").acquire(detached=True)
+        server.pause()
+        try:
+            await said.failing(lease.release())
+            await said.failing(locks.lock("other").acquire(timeout=quick))
+        finally:
+            server.resume()
+
+    # killed under a held lock and a detached lease
+    async with asynclock.connect(url, ttl=ttl, connect_timeout=quick, prefix="words") as locks:
+        detached = await locks.lock("detached").acquire(detached=True)
+        entered = asyncio.Event()
+
+        async def hold() -> None:
+            async with locks.lock("held"):
+                entered.set()
+                await asyncio.sleep(3600)
+
+        holder = asyncio.create_task(hold())
+        await entered.wait()
+        server.kill()
+        assert isinstance(await said.failing(holder), LockLost)
+        await said.failing(detached.wait_lost())
+        said.notes.append(detached.lost_reason or "")
+        assert isinstance(await said.failing(locks.lock("held").info()), BackendUnavailable)
+        assert isinstance(await said.failing(locks.lock("other").acquire(timeout=quick)), BackendUnavailable)
+
+    assert len(said.errors) >= 6
+    for text in said.texts():
+        assert not leaks(text), (leaks(text), text)
+
+
+@pytest.mark.anyio
+async def test_a_memory_client_says_its_faults_in_words(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="asynclock")
+    said = Said(caplog)
+    async with virtual_clock(), asynclock.connect("memory://", ttl=30, prefix="words-memory") as locks:
+        chaos = faults(locks)
+        with chaos.unavailable():
+            await said.failing(locks.lock("x").acquire(timeout=5))
+            await said.failing(locks.lock("x").info())
+        lease = await locks.lock("held").acquire(detached=True)
+        chaos.stall_renewals()
+        await said.failing(lease.wait_lost(), within=120)
+        said.notes.append(lease.lost_reason or "")
+        chaos.restore()
+    assert len(said.errors) == 2 and said.notes != [""]
+    for text in said.texts():
+        assert not leaks(text), (leaks(text), text)
+

@@ -306,8 +306,9 @@ class Connection:
         self._secrets.append(secret)
 
     def describe(self, exc: BaseException) -> str:
-        """``exc`` in words for a log line: passwords masked."""
-        return mask_text(plain(exc), self._secrets)
+        """``exc`` in words for a log line (as asynclock would raise it): passwords masked."""
+        error = self.error(exc)
+        return str(error) if error is not exc else mask_text(plain(exc), self._secrets)
 
     async def run(self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | int | bytes]) -> Any:
         """Run ``script`` (loading it again if the server does not have it); errors translated.

@@ -56,7 +56,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redlock backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._errors import BackendUnavailable, ConfigurationError, LockError, plain
 from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_url, seconds, take_query
 from ..._timing import drift
@@ -212,8 +212,12 @@ class RedlockBackend:
         """``call(node)`` on every node (or ``nodes``) in parallel, each bounded; exceptions are returned."""
 
         async def one(node: HashLock) -> T:
-            async with asyncio.timeout(self.node_timeout(ttl)):
-                return await call(node)
+            bound = self.node_timeout(ttl)
+            try:
+                async with asyncio.timeout(bound):
+                    return await call(node)
+            except TimeoutError:
+                raise BackendUnavailable(f"{node.connection.where} did not answer within {bound:.3g} s") from None
 
         chosen = self._nodes if nodes is None else nodes
         return list(await asyncio.gather(*(one(node) for node in chosen), return_exceptions=True))
@@ -388,7 +392,7 @@ def _no_quorum(what: str, yes: int, nodes: int, needed: int, errors: Sequence[Ba
     When every failing node could not be connected to at all, the error
     carries the connect timeout (a caller gives up after it, not after a ttl).
     """
-    detail = "; ".join(sorted({str(error) for error in errors})[:3]) or "no errors"
+    detail = "; ".join(sorted({plain(error) for error in errors})[:3]) or "no node answered"
     refused = [error for error in errors if isinstance(error, ConfigurationError)]
     error: LockError
     if len(refused) > nodes - needed:
