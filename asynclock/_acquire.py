@@ -204,12 +204,12 @@ async def _attempt(
     except asyncio.CancelledError:
         await settle(
             core.spawn,
-            release_by_identity(backend, lease, raise_errors=False),
+            release_by_identity(backend, lease, raise_errors=False, quiet=True),
             request_window(lease._lease_time),
         )
         raise
     except TimeoutError as exc:
-        core.spawn(release_by_identity(backend, lease, raise_errors=False))
+        core.spawn(release_by_identity(backend, lease, raise_errors=False, quiet=True))
         return _HoldRetired(exc)
     except ConfigurationError:
         raise  # no retry can fix it; the try got nothing
@@ -233,7 +233,7 @@ async def _granted(core: Core, lease: Lease, result: Acquired, *, acquired_at: f
         lease._renewed(result.confirmed_at)
     if loop.time() >= lease._expires_at:
         # The answer came too late to be trusted; give it back.
-        core.spawn(release_by_identity(core.backend, lease, raise_errors=False))
+        core.spawn(release_by_identity(core.backend, lease, raise_errors=False, quiet=True))
         return _HoldRetired(TimeoutError("the answer arrived after the lease time"))
     core.hold(lease)
     return lease
@@ -253,7 +253,7 @@ async def _wait_in_queue(
     failing_since: float | None = None
 
     def give_back() -> None:
-        core.spawn(release_by_identity(backend, lease, raise_errors=False))
+        core.spawn(release_by_identity(backend, lease, raise_errors=False, quiet=True))
 
     while True:
         if core.closed or core.closing:
@@ -271,7 +271,7 @@ async def _wait_in_queue(
                 result = await queues.wait_queued(lock.ref, lease._hold, lock.ttl, until)
         except asyncio.CancelledError:
             # Out of the queue, and a grant that raced in is given back.
-            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False), window)
+            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False, quiet=True), window)
             if wait.closed and wait.task.uncancel() == 0:
                 core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
                 raise core.closed_error() from None
@@ -306,7 +306,7 @@ async def _wait_in_queue(
         if deadline is not None and loop.time() >= deadline:
             # Time is up: leave the queue (a grant that raced in is given back, to
             # the next in line) before saying so.
-            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False), window)
+            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False, quiet=True), window)
             _give_up(core, lock, lease._hold, owner, Busy(None), deadline - started, started)
 
 
@@ -353,7 +353,7 @@ def _give_up(
 def _probe_release(core: Core, lock: Want, hold: str, owner: str) -> None:
     """Release ``hold`` in the background, in case a try whose answer was lost got it."""
     probe = _new_lease(core, lock, owner, hold, asyncio.get_running_loop().time())
-    core.spawn(release_by_identity(core.backend, probe, raise_errors=False))
+    core.spawn(release_by_identity(core.backend, probe, raise_errors=False, quiet=True))
 
 
 def _got(core: Core, lease: Lease, started: float) -> Lease:
@@ -367,6 +367,6 @@ def _got(core: Core, lease: Lease, started: float) -> Lease:
 async def _give_back_closed(core: Core, lease: Lease) -> NoReturn:
     """An acquire answered after its client was closed: release it (bounded) and refuse."""
     give_up = asyncio.get_running_loop().time() + 2 * REQUEST_WINDOW
-    task = core.spawn(release_by_identity(core.backend, lease, raise_errors=False, give_up=give_up))
+    task = core.spawn(release_by_identity(core.backend, lease, raise_errors=False, give_up=give_up, quiet=True))
     await asyncio.shield(task)
     raise core.closed_error()

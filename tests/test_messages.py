@@ -8,6 +8,9 @@
   no private module or class of asynclock's, no client library's exception
   class or repr, in the message, in the traceback's last line, or in a log
   line.
+* Each failure is logged once: a renewal that keeps failing the same way, a
+  release that fails and is retried in the background, a listener that
+  keeps reconnecting.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import logging
 import re
 import traceback
+from collections import Counter
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
@@ -321,3 +325,92 @@ async def test_a_memory_client_says_its_faults_in_words(caplog: pytest.LogCaptur
     for text in said.texts():
         assert not leaks(text), (leaks(text), text)
 
+
+# -- each failure logged once --------------------------------------------------------------------------
+
+
+def logged(caplog: pytest.LogCaptureFixture) -> Counter[str]:
+    """How many times each line at INFO or above was logged."""
+    return Counter(record.getMessage() for record in caplog.records if record.levelno >= logging.INFO)
+
+
+def assert_each_once(caplog: pytest.LogCaptureFixture) -> Counter[str]:
+    lines = logged(caplog)
+    assert lines and all(count == 1 for count in lines.values()), lines
+    return lines
+
+
+def lines_with(lines: Counter[str], *words: str) -> list[str]:
+    return [line for line in lines if all(word in line for word in words)]
+
+
+@pytest.mark.anyio
+async def test_a_loss_a_failing_renewal_and_a_failed_release_are_each_logged_once_on_memory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="asynclock")
+    async with virtual_clock(), asynclock.connect("memory://", ttl=30, prefix="once-memory") as locks:
+        chaos = faults(locks)
+        # lost
+        with pytest.raises(LockLost):
+            async with locks.lock("taken"):
+                chaos.lose("taken")
+                await asyncio.sleep(3600)
+        # renewals that keep failing (one at risk, then a retry every few seconds), then lost
+        lease = await locks.lock("unrenewed").acquire(detached=True)
+        with chaos.unavailable():
+            await lease.wait_lost()
+        # a release that fails at the end of the block, then is retried in the background
+        async with locks.lock("unreleased"):
+            chaos.unavailable()
+        await asyncio.sleep(120)  # past the background retries' end: the hold expired by itself
+        chaos.restore()
+    lines = assert_each_once(caplog)
+    assert len(lines_with(lines, "'taken' lost")) == 1
+    assert len(lines_with(lines, "'unrenewed' at risk", "a renewal failed")) == 1
+    assert len(lines_with(lines, "'unrenewed' lost")) == 1
+    assert len(lines_with(lines, "release of 'unreleased' failed")) == 1
+    assert not lines_with(lines, "could not release 'unreleased'")  # the background retries said nothing more
+    retries = [r for r in caplog.records if "renewal of 'unrenewed' failed, retrying" in r.getMessage()]
+    assert len(retries) >= 2  # it was retried, and said so at DEBUG
+
+
+@pytest.mark.anyio
+async def test_a_killed_redis_server_is_logged_once_for_each_failure(
+    redis_fresh: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed under a held lock, a lock whose block ends meanwhile, and a waiter (the
+    client's pub/sub connection keeps trying to come back)."""
+    caplog.set_level(logging.DEBUG, logger="asynclock")
+    url, ttl = redis_fresh.url, scaled(1.5)
+    async with asynclock.connect(url, ttl=ttl, connect_timeout=scaled(0.5), prefix="once") as locks:
+        await locks.lock("contended").acquire(detached=True)
+        waiter = asyncio.create_task(locks.lock("contended").acquire())  # (another task: another owner)
+        entered, leave = asyncio.Event(), asyncio.Event()
+
+        async def hold(name: str, until: asyncio.Event | None) -> None:
+            async with locks.lock(name):
+                entered.set()
+                await (until.wait() if until is not None else asyncio.sleep(3600))
+
+        held = asyncio.create_task(hold("held", None))
+        await entered.wait()
+        entered.clear()
+        unreleased = asyncio.create_task(hold("unreleased", leave))
+        await entered.wait()
+        await asyncio.sleep(scaled(0.3))  # the waiter is queued and listening
+        redis_fresh.kill()
+        leave.set()  # the block ends: its release cannot reach the server
+        with pytest.raises(LockLost):
+            await held
+        await unreleased  # (the release's failure is logged, not raised)
+        with pytest.raises(BackendUnavailable):
+            await waiter
+        await asyncio.sleep(3 * ttl)  # the background retries of the release end meanwhile
+    lines = assert_each_once(caplog)
+    assert len(lines_with(lines, "'held' at risk")) == 1
+    assert len(lines_with(lines, "'held' lost")) == 1
+    assert len(lines_with(lines, "release of 'unreleased' failed")) == 1
+    assert not lines_with(lines, "could not release 'unreleased'")
+    reconnects = [r for r in caplog.records if "pub/sub connection lost, reconnecting" in r.getMessage()]
+    assert len(reconnects) >= 3, reconnects  # it kept trying, saying each reason once at INFO
