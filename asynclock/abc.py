@@ -317,7 +317,7 @@ class Listable(Protocol):
     """A backend that can list the plain locks held under its prefix (``asynclock inspect``)."""
 
     async def names(self) -> list[str]:
-        """Names of the plain locks held now."""
+        """Names of the plain locks held or waited for now; never one that nobody holds or waits for."""
 
 
 @runtime_checkable

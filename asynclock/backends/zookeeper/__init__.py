@@ -334,7 +334,7 @@ class ZooKeeperBackend:
         return f"ZooKeeper at {self._session.address}"
 
     async def names(self) -> list[str]:
-        """Lock names under this client's prefix that have contenders now."""
+        """Lock names under this client's prefix that are held or waited for now."""
         with self._edge:
             await self._session.wait_connected(self._window())
             return await lock_names(self._session, self._layout.base)
