@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn, cast
 
 from ._core import Core
-from ._errors import BackendUnavailable, ConfigurationError, LockError, LockTimeout, unavailable
+from ._errors import BackendUnavailable, ConfigurationError, LockError, LockTimeout, server_of, unavailable
 from ._lease import Lease
 from ._release import release_by_identity, settle
 from ._timing import REQUEST_WINDOW, Backoff, request_window
@@ -262,12 +262,12 @@ async def _attempt(
     except asyncio.CancelledError:
         await settle(
             core.spawn,
-            release_by_identity(backend, lease, raise_errors=False),
+            release_by_identity(backend, lease, raise_errors=False, quiet=True),
             request_window(lease._lease_time),
         )
         raise
     except TimeoutError as exc:
-        core.spawn(release_by_identity(backend, lease, raise_errors=False))
+        core.spawn(release_by_identity(backend, lease, raise_errors=False, quiet=True))
         return _HoldRetired(exc)
     except ConfigurationError:
         raise  # no retry can fix it; the try got nothing
@@ -291,7 +291,7 @@ async def _granted(core: Core, lease: Lease, result: Acquired, *, acquired_at: f
         lease._renewed(result.confirmed_at)
     if loop.time() >= lease._expires_at:
         # The answer came too late to be trusted; give it back.
-        core.spawn(release_by_identity(core.backend, lease, raise_errors=False))
+        core.spawn(release_by_identity(core.backend, lease, raise_errors=False, quiet=True))
         return _HoldRetired(TimeoutError("the answer arrived after the lease time"))
     core.hold(lease)
     return lease
@@ -311,7 +311,7 @@ async def _wait_in_queue(
     failing_since: float | None = None
 
     def give_back() -> None:
-        core.spawn(release_by_identity(backend, lease, raise_errors=False))
+        core.spawn(release_by_identity(backend, lease, raise_errors=False, quiet=True))
 
     while True:
         if core.closed or core.closing:
@@ -329,7 +329,7 @@ async def _wait_in_queue(
                 result = await queues.wait_queued(lock.ref, lease._hold, lock.ttl, until)
         except asyncio.CancelledError:
             # Out of the queue, and a grant that raced in is given back.
-            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False), window)
+            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False, quiet=True), window)
             if wait.closed and wait.task.uncancel() == 0:
                 core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
                 raise core.closed_error() from None
@@ -344,7 +344,7 @@ async def _wait_in_queue(
                 # failures the queue entry is gone anyway): give back whatever it may hold.
                 give_back()
                 core.events.emit("timeout", lock.name, owner, None, wait_s=now - started)
-                raise unavailable(exc) from exc
+                raise unavailable(exc, server_of(backend)) from exc
             pause = backoff.next()
             await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
             continue
@@ -358,13 +358,13 @@ async def _wait_in_queue(
             got = await _granted(core, lease, result, acquired_at=loop.time())
             if isinstance(got, _HoldRetired):
                 core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
-                raise unavailable(TimeoutError("the grant arrived after the lease time had passed"))
+                raise unavailable(TimeoutError("the grant arrived after the lease time had passed"), server_of(backend))
             return _got(core, got, started)
         queued = result
         if deadline is not None and loop.time() >= deadline:
             # Time is up: leave the queue (a grant that raced in is given back, to
             # the next in line) before saying so.
-            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False), window)
+            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False, quiet=True), window)
             _give_up(core, lock, lease._hold, owner, Busy(None), deadline - started, started)
 
 
@@ -398,20 +398,20 @@ def _give_up(
 ) -> NoReturn:
     core.events.emit("timeout", lock.name, owner, None, wait_s=asyncio.get_running_loop().time() - started)
     if isinstance(last, _HoldRetired):
-        raise unavailable(last.__cause__ or last) from last.__cause__
+        raise unavailable(last.__cause__ or last, server_of(core.backend)) from last.__cause__
     if isinstance(last, BaseException):
         # An earlier try may have gone through unseen: give it back by identity
         # (not when no connection could be made at all: nothing reached the server).
         if not (isinstance(last, BackendUnavailable) and last.connect_timeout is not None):
             _probe_release(core, lock, hold, owner)
-        raise unavailable(last) from last
+        raise unavailable(last, server_of(core.backend)) from last
     raise LockTimeout(lock.name, timeout)
 
 
 def _probe_release(core: Core, lock: Want, hold: str, owner: str) -> None:
     """Release ``hold`` in the background, in case a try whose answer was lost got it."""
     probe = _new_lease(core, lock, owner, hold, asyncio.get_running_loop().time())
-    core.spawn(release_by_identity(core.backend, probe, raise_errors=False))
+    core.spawn(release_by_identity(core.backend, probe, raise_errors=False, quiet=True))
 
 
 def _got(core: Core, lease: Lease, started: float) -> Lease:
@@ -425,6 +425,6 @@ def _got(core: Core, lease: Lease, started: float) -> Lease:
 async def _give_back_closed(core: Core, lease: Lease) -> NoReturn:
     """An acquire answered after its client was closed: release it (bounded) and refuse."""
     give_up = asyncio.get_running_loop().time() + 2 * REQUEST_WINDOW
-    task = core.spawn(release_by_identity(core.backend, lease, raise_errors=False, give_up=give_up))
+    task = core.spawn(release_by_identity(core.backend, lease, raise_errors=False, give_up=give_up, quiet=True))
     await asyncio.shield(task)
     raise core.closed_error()

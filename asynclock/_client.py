@@ -13,7 +13,7 @@ from ._break import break_lock
 from ._closing import close
 from ._core import CLIENT_CLOSED, CLIENT_CLOSING, Core
 from ._election import Election
-from ._errors import BackendUnavailable, LockError, unavailable
+from ._errors import BackendUnavailable, LockError, plain, server_of, unavailable
 from ._events import EventCallback
 from ._lock import Lock, RWLock, Semaphore
 from ._multi import MultiLock
@@ -267,9 +267,9 @@ class Locks:
                 await core.start()
                 await core.backend.info(LockRef("lock", _PROBE))
         except TimeoutError:
-            raise BackendUnavailable(f"the {core.backend.scheme} server did not answer within {bound:g} s") from None
+            raise BackendUnavailable(f"{server_of(core.backend)} did not answer within {bound:g} s") from None
         except (LockError, OSError) as exc:
-            error = unavailable(exc)
+            error = unavailable(exc, server_of(core.backend))
             if error is exc:
                 raise
             raise error from exc
@@ -300,10 +300,10 @@ class Locks:
                 await core.start()
                 await core.backend.info(LockRef("lock", _PROBE))
         except TimeoutError:
-            error = f"the backend did not answer within {self._connect_timeout:g} s"
+            error = f"{server_of(core.backend)} did not answer within {self._connect_timeout:g} s"
             return Health(False, None, held, at_risk, error)
         except Exception as exc:  # noqa: BLE001 (a probe never raises: what went wrong is its answer)
-            return Health(False, None, held, at_risk, str(exc) or type(exc).__name__)
+            return Health(False, None, held, at_risk, plain(exc))
         return Health(True, loop.time() - started, held, at_risk, None)
 
     async def aclose(self, drain: float | None = None) -> None:

@@ -218,9 +218,10 @@ class Core:
         task.add_done_callback(self._background.discard)
         return task
 
-    def give_back(self, lease: Lease) -> None:
-        """Release ``lease`` by its identity in the background (it is no longer held as far as this client goes)."""
-        task = self.spawn(release_by_identity(self.backend, lease, raise_errors=False))
+    def give_back(self, lease: Lease, *, quiet: bool = False) -> None:
+        """Release ``lease`` by its identity in the background (it is no longer held as far as this client
+        goes); ``quiet``: a failure to is not news (the loss was said), and is logged at DEBUG only."""
+        task = self.spawn(release_by_identity(self.backend, lease, raise_errors=False, quiet=quiet))
         self.giving_back[lease] = task
         task.add_done_callback(lambda done: self._given_back(lease, done))
 
@@ -345,7 +346,7 @@ class Core:
         )
         # If the server may still have it (the deadline passed while renewals
         # were stuck), give it back by identity; harmless if it is gone.
-        self.give_back(lease)
+        self.give_back(lease, quiet=True)
 
     def _lease_at_risk(self, lease: Lease, reason: str) -> None:
         logger.info("lock %r at risk for %s: %s", lease.name, lease.owner, reason)

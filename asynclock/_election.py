@@ -27,7 +27,7 @@ from typing import cast
 import anyio
 
 from ._core import Core
-from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, NotHeld, unavailable
+from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, NotHeld, server_of, unavailable
 from ._lease import Lease
 from ._lock import Lock
 from ._owner import current_owner
@@ -235,7 +235,7 @@ class Election:
                 except (LockError, OSError):
                     return await backend.leader(self._ref)  # read-only: one retry on a fresh connection
         except (LockError, OSError, TimeoutError) as exc:
-            raise unavailable(exc) from exc
+            raise unavailable(exc, server_of(core.backend)) from exc
 
     def observe(self) -> AsyncIterator[Leader | None]:
         """Every change of leader, as it happens: ``async for leader in election.observe():``.
@@ -286,8 +286,8 @@ class _Candidacy(Lock):
             pass  # lost while the body unwound: the term is over either way
         except BackendUnavailable as err:
             # Nobody renews it any more: it expires by itself.
-            logger.warning("release of election %r failed, it will expire by itself: %r", self.name, err)
-            core.spawn(release_by_identity(core.backend, lease, raise_errors=False))
+            logger.warning("release of election %r failed, it will expire by itself: %s", self.name, err)
+            core.spawn(release_by_identity(core.backend, lease, raise_errors=False, quiet=True))
 
     def __repr__(self) -> str:
         return f"<Candidacy {self.name!r} identity={self._ref.identity!r}>"
@@ -399,7 +399,7 @@ class _LeaderChanges:
                 failing_since = now if failing_since is None else failing_since
                 if now - failing_since >= patience:
                     self._end()
-                    raise unavailable(exc) from exc
+                    raise unavailable(exc, server_of(core.backend)) from exc
                 await asyncio.sleep(self._backoff.next())
                 continue
             failing_since = None

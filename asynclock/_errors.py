@@ -19,7 +19,14 @@ Bad arguments raise ``ValueError`` / ``TypeError`` before any I/O.
 
 from __future__ import annotations
 
+import asyncio
+import re
+import socket
+from collections.abc import Callable
+from typing import TypeVar
+
 from ._values import LossReason
+from .abc import Backend, Located
 
 
 class LockError(Exception):
@@ -150,9 +157,70 @@ class ConfigurationError(LockError):
     """
 
 
-def unavailable(exc: BaseException) -> LockError:
+E = TypeVar("E", bound=BaseException)
+
+
+def shown_as(public: type[LockError]) -> Callable[[type[E]], type[E]]:
+    """Class decorator for a backend's own exception, a subclass of the public class ``public``
+    (which is what callers catch): it shows itself as ``asynclock.<public>`` in reprs and
+    tracebacks, so that no message names a private module's class."""
+
+    def reduce(self: BaseException) -> tuple[object, ...]:
+        # (pickled as the public class: the name it shows is the public class's)
+        return public, self.args, self.__dict__ or None
+
+    def present(cls: type[E]) -> type[E]:
+        cls.__module__ = "asynclock"
+        cls.__name__ = cls.__qualname__ = public.__name__
+        cls.__reduce__ = reduce  # type: ignore[assignment,method-assign]
+        return cls
+
+    return present
+
+
+def server_of(backend: Backend) -> str:
+    """How messages name ``backend``'s server: its ``where``, or ``"the <scheme> server"``."""
+    return backend.where if isinstance(backend, Located) else f"the {backend.scheme} server"
+
+
+def unavailable(exc: BaseException, where: str = "the lock server") -> LockError:
     """``exc`` as a caller sees it: a ConfigurationError or BackendUnavailable as it is, anything else
-    (a timeout, a socket error) as BackendUnavailable."""
+    (a timeout, a socket error, another error of the server's) as BackendUnavailable, in words,
+    naming ``where`` (the server, e.g. ``"Redis at 10.0.0.5:6379"``) when the error does not."""
     if isinstance(exc, (BackendUnavailable, ConfigurationError)):
         return exc
-    return BackendUnavailable(f"lock server did not answer in time: {exc!r}")
+    if isinstance(exc, LockError):
+        return BackendUnavailable(str(exc) or f"{where} did not answer")
+    if isinstance(exc, TimeoutError):
+        said = str(exc)
+        return BackendUnavailable(f"{where} did not answer in time" + (f": {said}" if said else ""))
+    return BackendUnavailable(f"{where}: {plain(exc)}")
+
+
+#: A class name's words: ``ConnectionLoss`` → ``connection loss``.
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def plain(exc: BaseException) -> str:
+    """What ``exc`` says went wrong, in words fit for a message: never its class or its repr.
+
+    An error with a message gives its message; a socket's error says its cause
+    (``"connection refused"``, ``"name not resolved"``, ``"timed out"``); one with
+    no message says what its kind means (a client library's ``ConnectionLoss()``:
+    ``"connection loss"``).
+    """
+    if isinstance(exc, socket.gaierror):
+        return "name not resolved"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, (asyncio.IncompleteReadError, EOFError)):
+        return "the connection closed before the answer came"
+    said = str(exc)
+    if isinstance(exc, TimeoutError):
+        return said or "timed out"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    if said and not isinstance(exc, KeyError):
+        return said
+    words = _CAMEL.sub(" ", type(exc).__name__.lstrip("_")).lower()
+    return words.removesuffix(" error") or "an error"

@@ -39,7 +39,7 @@ def handle(locks: Locks, kind: str, name: str) -> Lock | Election:
 async def collect(
     url: str, names: Sequence[str], *, prefix: str | None = None, kind: str = "lock", timeout: float = 5.0
 ) -> list[LockInfo]:
-    """LockInfo for each name, or for every plain lock the backend can list under the prefix.
+    """LockInfo for each name, or for every plain lock held or waited for under the prefix.
 
     Raises BackendUnavailable if the server has not answered everything within ``timeout`` seconds.
     """

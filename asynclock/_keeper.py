@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._errors import LockError
+from ._errors import LockError, plain
 from ._values import LossReason
 
 if TYPE_CHECKING:
@@ -292,14 +292,18 @@ class LeaseKeeper:
                 )
             elif now >= lease._expires_at:
                 self._drop_lost(
-                    lease, f"could not renew before the trusted deadline: {result}", LossReason.RENEWAL_FAILED
+                    lease, f"could not renew before the trusted deadline: {plain(result)}", LossReason.RENEWAL_FAILED
                 )
             else:
-                logger.info("renewal of %r failed, retrying: %r", lease.name, result)
                 self._leave(lease)
-                lease._last_error = str(result) or repr(result)
-                if lease._mark_at_risk(f"a renewal failed: {lease._last_error}"):
-                    self._on_at_risk(lease, lease._at_risk or "")
+                error = plain(result)
+                if lease._mark_at_risk(f"a renewal failed: {error}"):
+                    self._on_at_risk(lease, lease._at_risk or "")  # (which logs it)
+                else:
+                    # The same error again is news to nobody: said once, at INFO.
+                    level = logging.DEBUG if error == lease._last_error else logging.INFO
+                    logger.log(level, "renewal of %r failed, retrying: %s", lease.name, error)
+                lease._last_error = error
                 lease._next_due = min(now + lease._backoff, lease._expires_at)
                 lease._backoff = min(lease._backoff * 2, lease._ttl / 6)
                 retry.append(lease)

@@ -20,7 +20,7 @@ import anyio
 
 from ._acquire import Want, acquire_new
 from ._core import Core
-from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, NotHeld, unavailable
+from ._errors import BackendUnavailable, ConfigurationError, LockError, LockLost, NotHeld, plain, server_of, unavailable
 from ._lease import Lease
 from ._owner import current_owner, detached_owner
 from ._release import release_by_identity
@@ -136,7 +136,7 @@ class Lock(AsyncOnly):
                 except (LockError, OSError):
                     info = await backend.info(self._ref)  # read-only: one retry on a fresh connection
         except (LockError, OSError, TimeoutError) as exc:
-            raise unavailable(exc) from exc
+            raise unavailable(exc, server_of(backend)) from exc
         if info.owner is not None and not info.holders:
             info = dataclasses.replace(info, holders=(info.owner,))
         return info
@@ -268,9 +268,10 @@ class Lock(AsyncOnly):
                 raise LockLost(self.name, lease.lost_reason or "lost before release") from err
         except BackendUnavailable as err:
             # The body finished; the hold is no longer renewed and expires by itself.
-            logger.warning("release of %r failed, it will expire by itself: %r", self.name, err)
+            # (said once: the retries in the background give up without a word)
+            logger.warning("release of %r failed, it will expire by itself: %s", self.name, err)
             core = self._core
-            core.spawn(release_by_identity(core.backend, lease, raise_errors=False))
+            core.spawn(release_by_identity(core.backend, lease, raise_errors=False, quiet=True))
         return False
 
     # -- internal -------------------------------------------------------------
@@ -304,7 +305,7 @@ class Lock(AsyncOnly):
                 if isinstance(exc, ConfigurationError) or loop.time() + pause >= give_up:
                     # The count is informational; the client's count is the truth
                     # and a release at zero removes the hold whatever it says.
-                    logger.info("could not record hold count of %r: %r", self.name, exc)
+                    logger.info("could not record hold count of %r: %s", self.name, plain(exc))
                     return
                 await asyncio.sleep(pause)
         if not ok:

@@ -29,20 +29,37 @@ def suggest(name: str, valid: Iterable[str]) -> str | None:
     return matches[0] if matches else None
 
 
-def reject_unknown(given: Iterable[str], valid: Collection[str], where: str) -> None:
-    """Raise ValueError for the first name in ``given`` that is not in ``valid``.
+def reject_unknown(
+    given: Iterable[str],
+    valid: Collection[str],
+    where: str,
+    *,
+    keywords: bool = False,
+    passed_on: Collection[str] = (),
+    others: str = "",
+) -> None:
+    """Raise ValueError for the first name in ``given`` that is neither in ``valid`` nor in ``passed_on``.
 
-    The options every backend shares (``COMMON_OPTIONS``) are always valid.
-    The message names the option, the closest valid one and every valid one,
-    e.g. ``unknown option 'tll' for redis://: did you mean 'ttl'? (valid: …)``.
+    ``valid`` are asynclock's options for this backend, the ones its docs
+    list (``COMMON_OPTIONS`` are added, and ``on_event`` for ``keywords``: a
+    URL cannot carry a callback); ``passed_on`` are the names a client library
+    takes, handed on as they are, and ``others`` says what they are in words
+    (e.g. ``"and what redis-py's Redis.from_url takes, such as socket_timeout"``).
+    The message names the option, the closest name either way, then
+    asynclock's options and ``others``, never the library's whole list::
+
+        unknown option 'tll' for redis://: did you mean 'ttl'? (valid: connect_timeout, prefix,
+        replica_timeout, replicas, ttl; and what redis-py's Redis.from_url takes, such as socket_timeout)
     """
-    valid = set(valid) | COMMON_OPTIONS
+    listed = set(valid) | COMMON_OPTIONS | ({"on_event"} if keywords else set())
     for name in given:
-        if name in valid:
+        if name in listed or name in passed_on:
             continue
-        hint = suggest(name, valid)
+        hint = suggest(name, {*listed, *passed_on})
         did_you_mean = f": did you mean {hint!r}?" if hint else ""
-        raise ValueError(f"unknown option {name!r} for {where}{did_you_mean} (valid: {', '.join(sorted(valid))})")
+        tail = f"; {others}" if others else ""
+        valid_ones = ", ".join(sorted(listed))
+        raise ValueError(f"unknown option {name!r} for {where}{did_you_mean} (valid: {valid_ones}{tail})")
 
 
 def take_query(url: str, names: Collection[str]) -> tuple[str, dict[str, str]]:

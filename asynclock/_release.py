@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError, LockError, unavailable
+from ._errors import ConfigurationError, LockError, plain, server_of, unavailable
 from ._timing import Backoff, Deadlines, request_window
 
 if TYPE_CHECKING:
@@ -28,14 +28,16 @@ async def release_by_identity(
     raise_errors: bool,
     give_up: float | None = None,
     deadlines: Deadlines | None = None,
+    quiet: bool = False,
 ) -> bool:
     """Release ``lease`` by its hold id, retrying failed requests; whether the server released it.
 
     With ``raise_errors`` (an explicit ``release()``) it retries until the
     lease's trusted deadline (at least one request window) and then raises
     BackendUnavailable; otherwise (background clean-up) until the server must
-    have expired the hold by itself, and then gives up quietly. A
-    ConfigurationError is never retried.
+    have expired the hold by itself, and then gives up, saying so at INFO
+    (at DEBUG when ``quiet``: the caller said already that the release
+    failed). A ConfigurationError is never retried.
     """
     loop = asyncio.get_running_loop()
     now = loop.time()
@@ -58,8 +60,9 @@ async def release_by_identity(
             pause = backoff.next()
             if isinstance(exc, ConfigurationError) or loop.time() + pause >= give_up:
                 if raise_errors:
-                    raise unavailable(exc) from exc
-                logger.info("could not release %r (%r); it expires by itself", lease.name, exc)
+                    raise unavailable(exc, server_of(backend)) from exc
+                level = logging.DEBUG if quiet else logging.INFO
+                logger.log(level, "could not release %r (%s); it expires by itself", lease.name, plain(exc))
                 return False
             await asyncio.sleep(pause)
             continue

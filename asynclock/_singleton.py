@@ -22,7 +22,7 @@ from typing import Generic, ParamSpec, TypeVar
 import anyio
 
 from ._core import Core
-from ._errors import LockError, LockLost, LockTimeout, NotHeld
+from ._errors import LockError, LockLost, LockTimeout, NotHeld, plain
 from ._lease import Lease
 from ._lock import Lock
 from ._owner import current_owner
@@ -194,13 +194,13 @@ class Singleton(Generic[P, R]):
                 async with asyncio.timeout(request_window(lease._lease_time)):
                     await core.backend.renew([lease._renew_item()])
             except (LockError, OSError, TimeoutError) as exc:
-                logger.info("could not extend singleton job %r's lock to at_least: %r", lease.name, exc)
+                logger.info("could not extend singleton job %r's lock to at_least: %s", lease.name, plain(exc))
             return
         try:
             await lease.release()
         except (NotHeld, LockError) as exc:
             # Lost meanwhile, or the server is away: nobody renews it, it expires by itself.
-            logger.info("release of singleton job %r's lock failed, it expires by itself: %r", lease.name, exc)
+            logger.info("release of singleton job %r's lock failed, it expires by itself: %s", lease.name, plain(exc))
 
 
 async def _release_quietly(lease: Lease) -> None:
@@ -210,7 +210,7 @@ async def _release_quietly(lease: Lease) -> None:
     try:
         await lease.release()
     except LockError as exc:
-        logger.info("release of singleton job %r's lock failed, it expires by itself: %r", lease.name, exc)
+        logger.info("release of singleton job %r's lock failed, it expires by itself: %s", lease.name, plain(exc))
 
 
 def make_singleton(

@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError, LockError
+from ._errors import ConfigurationError, LockError, plain
 from ._values import LossReason
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class WakeHub:
             # The backend keeps the name in its wanted set and re-subscribes
             # when it reconnects (then wakes everyone); until then waiters are
             # bounded by the holder's remaining lease.
-            logger.info("subscribe for %r failed, relying on lease bounds: %r", name, exc)
+            logger.info("subscribe for %r failed, relying on lease bounds: %s", name, plain(exc))
 
     async def _unsubscribe(self, name: str, entry: _Entry) -> None:
         if entry.subscribed is not None and not entry.subscribed.done():
@@ -160,4 +160,4 @@ class WakeHub:
         try:
             await self._backend.unsubscribe(name)
         except (LockError, OSError) as exc:
-            logger.debug("unsubscribe for %r failed: %r", name, exc)
+            logger.debug("unsubscribe for %r failed: %s", name, plain(exc))

@@ -89,6 +89,7 @@ __all__ = [
     "Kind",
     "LeaderWatch",
     "Listable",
+    "Located",
     "LockRef",
     "Notifies",
     "Queued",
@@ -343,7 +344,7 @@ class Listable(Protocol):
     """A backend that can list the plain locks held under its prefix (``asynclock inspect``)."""
 
     async def names(self) -> list[str]:
-        """Names of the plain locks held now."""
+        """Names of the plain locks held or waited for now; never one that nobody holds or waits for."""
 
 
 @runtime_checkable
@@ -360,6 +361,16 @@ class Breaks(Protocol):
         ``owner``) held it, or when the holder it read let go before the break
         (then the lock's next holder keeps it).
         """
+
+
+@runtime_checkable
+class Located(Protocol):
+    """A backend that names its server in messages: a request the client's own time bound cut
+    short says "<where> did not answer in time" (without it: "the <scheme> server")."""
+
+    @property
+    def where(self) -> str:
+        """The server as messages name it, e.g. ``"Redis at 10.0.0.5:6379"``; never a password."""
 
 
 _WHAT = {

@@ -1,10 +1,12 @@
 """The ``asynclock`` command as people type it: version, help, messages,
-passwords kept out of what it prints, and ``inspect --timeout`` against a
-server that accepts connections and never answers."""
+passwords kept out of what it prints, ``inspect --timeout`` against a
+server that accepts connections and never answers, and what ``inspect``
+lists on every backend."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 
 import asynclock
 from asynclock._inspect import collect
+from tests.harnesses import Harness
 from tests.servers import scaled
 
 
@@ -100,3 +103,33 @@ async def test_inspect_stops_at_its_timeout(silent_port: int, url: str) -> None:
     with pytest.raises(asynclock.BackendUnavailable, match=r"did not answer within 0\.3 s"):
         await collect(url.format(port=silent_port), ["x"], timeout=0.3)
     assert loop.time() - started < 0.3 + scaled(1.5)
+
+
+@pytest.mark.anyio
+async def test_inspect_lists_the_locks_held_or_waited_for_and_no_other(harness: Harness) -> None:
+    """A lock acquired and released leaves nothing to list (on ZooKeeper its znode, a
+    container, stays a while with nobody under it); a held lock and one with a waiter
+    queued behind its holder are listed, and nothing once they are released."""
+
+    async def listed() -> list[str]:
+        return [info.name for info in await collect(harness.url, [], prefix=harness.prefix, timeout=scaled(10))]
+
+    holder, waiter = harness.connect(), harness.connect()
+    async with holder.lock("released"):
+        assert await listed() == ["released"]
+    assert await listed() == []
+    held = await holder.lock("held").acquire(detached=True)
+    queued = await holder.lock("queued").acquire(detached=True)
+    waiting = asyncio.create_task(waiter.lock("queued").acquire())
+    try:
+        async with asyncio.timeout(scaled(10)):
+            while (await holder.lock("queued").info()).waiters == 0:  # (None where the server cannot tell)
+                await asyncio.sleep(0.02)
+        assert await listed() == ["held", "queued"]
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+    await held.release()
+    await queued.release()
+    assert await listed() == []

@@ -141,6 +141,62 @@ async def test_no_password_for_a_server_that_wants_one_is_a_configuration_error(
             assert lease.token is not None
 
 
+@pytest.fixture
+def password_server() -> Iterator[RedisServer]:
+    """A redis-server started with ``requirepass``."""
+    server = RedisServer(password=RIGHT)
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.mark.parametrize("scheme", ["redis", "unix", "redlock", "given"])
+async def test_a_server_that_wants_a_password_and_got_none_says_so_and_how_to_give_it(
+    password_server: RedisServer, scheme: str, logged: pytest.LogCaptureFixture
+) -> None:
+    """Redis's own words ("HELLO must be called with the client already authenticated")
+    do not say that a password is missing: the ConfigurationError does, with the URL
+    that gives one, and that URL (the password put in) works."""
+    port, sock = password_server.port, password_server.socket_path
+    target: Any = {
+        "redis": f"redis://127.0.0.1:{port}/0",
+        "unix": f"unix://{sock}",
+        "redlock": f"redlock://127.0.0.1:{port}",
+        "given": aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0"),
+    }[scheme]
+    error = await refused(asynclock.connect(target))
+    text = str(error)
+    where = str(sock) if scheme == "unix" else f"127.0.0.1:{port}"
+    assert f"{where} wants a password, and none was given" in text, text
+    assert "HELLO must be called" in text  # the server's own words are still quoted
+    if scheme == "given":
+        await target.aclose()
+        assert "give the client you passed to connect() one (password=" in text, text
+        target = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0", password=RIGHT)
+        fixed: Any = target
+    else:
+        hinted = {
+            "redis": f"redis://:PASSWORD@127.0.0.1:{port}/0",
+            "unix": f"unix://:PASSWORD@{sock}",
+            "redlock": f"redlock://:PASSWORD@127.0.0.1:{port}",
+        }[scheme]
+        assert f"put it in the URL, {hinted} (or " in text, text
+        fixed = hinted.replace("PASSWORD", RIGHT)
+    try:
+        async with asynclock.connect(fixed) as locks:
+            async with locks.lock("fine") as lease:
+                assert lease.hold_count == 1
+    finally:
+        if scheme == "given":
+            await target.aclose()
+    assert_never_shown(RIGHT, error, logged)
+
+
+async def test_a_wrong_password_is_still_called_refused_credentials(password_server: RedisServer) -> None:
+    error = await refused(asynclock.connect(f"redis://:{WRONG}@127.0.0.1:{password_server.port}/0"))
+    assert "refused the credentials" in str(error) and "wants a password" not in str(error)
+
+
 async def test_an_acl_refusal_is_a_configuration_error(server: RedisServer, logged: pytest.LogCaptureFixture) -> None:
     error = await refused(asynclock.connect(f"redis://noscript:{RIGHT}@127.0.0.1:{server.port}/0"))
     assert f"127.0.0.1:{server.port}" in str(error)

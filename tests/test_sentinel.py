@@ -22,8 +22,8 @@ from asynclock.abc import LockRef, RenewItem
 from asynclock.backends.sentinel import SentinelBackend
 from asynclock.testing.conformance import ServerContract
 from tests.harnesses import RedisHarness, add_idle_connection, insides
-from tests.servers import scaled
-from tests.servers.redis_topologies import SentinelSetup
+from tests.servers import RedisServer, scaled
+from tests.servers.redis_topologies import SentinelServer, SentinelSetup
 
 pytestmark = pytest.mark.anyio
 
@@ -318,6 +318,52 @@ async def test_a_primary_that_refuses_the_client_is_a_configuration_error_naming
         assert f"'mymaster' at 127.0.0.1:{primary}" in text and words in text, text
         assert wrong not in text
     assert all(wrong not in record.getMessage() for record in caplog.records)
+
+
+@pytest.fixture
+def guarded() -> Iterator[tuple[RedisServer, SentinelServer]]:
+    """A primary that wants the password "data-pw", watched by one sentinel that wants "sentinel-pw"."""
+    primary = RedisServer(password="data-pw")
+    sentinel = None
+    try:
+        primary.start()
+        sentinel = SentinelServer(primary.port, quorum=1, password="sentinel-pw", primary_password="data-pw")
+        sentinel.start()
+        yield primary, sentinel
+    finally:
+        if sentinel is not None:
+            sentinel.cleanup()
+        primary.cleanup()
+
+
+async def test_a_password_wanted_by_the_sentinels_or_the_primary_is_named_with_where_it_goes(
+    guarded: tuple[RedisServer, SentinelServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without sentinel_password the sentinels' refusal says to add it; with it, the
+    primary's says to put its password before the hosts; with both, locks work."""
+    caplog.set_level(logging.DEBUG, logger="asynclock")
+    primary, sentinel = guarded
+    hosts = f"127.0.0.1:{sentinel.port}"
+    for url, words in [
+        (
+            f"redis+sentinel://{hosts}/mymaster",
+            f"Redis sentinel at {hosts} wants a password, and none was given: add ?sentinel_password=PASSWORD",
+        ),
+        (
+            f"redis+sentinel://{hosts}/mymaster?sentinel_password=sentinel-pw",
+            f"Redis primary 'mymaster' at 127.0.0.1:{primary.port} wants a password, and none was given:"
+            f" put it in the URL, redis+sentinel://:PASSWORD@{hosts}/mymaster",
+        ),
+    ]:
+        with pytest.raises(ConfigurationError) as caught:
+            async with asyncio.timeout(scaled(5)), asynclock.connect(url):
+                pass  # entering makes a round trip, which meets the refusal
+        assert words in str(caught.value), str(caught.value)
+    url = f"redis+sentinel://:data-pw@{hosts}/mymaster?sentinel_password=sentinel-pw"
+    async with asynclock.connect(url) as locks:
+        async with locks.lock("guarded") as lease:
+            assert lease.hold_count == 1
+    assert all("-pw" not in record.getMessage() for record in caplog.records)
 
 
 async def test_an_election_through_the_sentinels_hands_over_on_resign_and_is_observed(

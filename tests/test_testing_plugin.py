@@ -90,12 +90,36 @@ def test_the_flag_gives_every_test_the_fixture(pytester: pytest.Pytester) -> Non
     run(pytester, "--asynclock-fixtures", "-k", "clean or 30s").assert_outcomes(passed=2)
 
 
-def test_without_the_option_or_an_import_there_is_no_fixture(pytester: pytest.Pytester) -> None:
+#: What pytest's error about a missing ``locks`` is followed by: each way the docs give to turn it on.
+HINT = (
+    "*asynclock's `locks` fixture is off until you turn it on: add `asynclock_fixtures = true` to"
+    " [[]tool.pytest.ini_options[]] in pyproject.toml*--asynclock-fixtures*from asynclock.testing import locks"
+)
+
+
+@pytest.mark.parametrize("workers", [[], ["-p", "xdist", "-n", "1"]], ids=["in-process", "xdist"])
+def test_without_the_option_or_an_import_there_is_no_fixture_and_the_error_says_how(
+    pytester: pytest.Pytester, workers: list[str]
+) -> None:
     pytester.makepyfile(test_user=USER_TESTS)
-    result = run(pytester, "-k", "clean")
+    result = run(pytester, "-k", "clean", *workers)
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*fixture 'locks' not found*"])
+    result.stdout.fnmatch_lines(["*fixture 'locks' not found*", HINT])
     assert "--asynclock-fixtures" in run(pytester, "--help").stdout.str()  # the plugin is loaded, and idle
+
+
+def test_the_hint_is_only_for_a_missing_locks_fixture(pytester: pytest.Pytester) -> None:
+    """Another missing fixture gets pytest's error alone, and a ``locks`` fixture of the
+    project's own (or another plugin's) is used as it is: the plugin defines none."""
+    pytester.makeconftest("import pytest\n\n@pytest.fixture\ndef locks():\n    return 'the project s own'\n")
+    pytester.makepyfile(
+        test_user="def test_own(locks):\n    assert locks == 'the project s own'\n\n"
+        "def test_other(nothing_like_it):\n    pass\n"
+    )
+    result = run(pytester)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'nothing_like_it' not found*"])
+    assert "asynclock_fixtures" not in result.stdout.str()
 
 
 def test_importing_the_fixture_provides_it(pytester: pytest.Pytester) -> None:

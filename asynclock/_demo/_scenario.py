@@ -26,6 +26,8 @@ from typing import IO
 
 import asynclock
 
+from .._errors import plain
+from .._options import mask_url
 from ._server import EmbeddedRedis, redis_server_binary
 from ._timeline import REORDER_S, Event, Timeline
 from ._workers import LOCK_NAME, Handle, ProcessWorker, ThreadWorker
@@ -76,7 +78,7 @@ class Demo:
                 async with asyncio.timeout(10), asynclock.connect(self._url) as locks:
                     await locks.lock(LOCK_NAME).info()
             except (ValueError, TypeError, ImportError, asynclock.LockError, OSError, TimeoutError) as exc:
-                raise _DemoFailed(f"cannot use {self._url}: {str(exc) or repr(exc)}") from exc
+                raise _DemoFailed(f"cannot use {mask_url(self._url)}: {plain(exc)}") from exc
             return self._url, f"the server at {self._url}"
         binary = redis_server_binary()
         if binary is not None and _has_redis_client():

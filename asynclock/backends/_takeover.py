@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 from typing import Any
 
+from .._errors import plain
+
 __all__ = ["STREAM_BUFFER", "TakeOver"]
 
 #: Where an ``asyncio.StreamReader`` keeps the bytes it read ahead (not public API: see redis/_private.py).
@@ -51,7 +53,7 @@ class TakeOver(asyncio.Protocol):
         return False  # the transport closes itself
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost(f"lost: {exc!r}" if exc else "closed")
+        self._lost(f"lost: {plain(exc)}" if exc else "closed")
         previous, self._previous = self._previous, None
         if previous is not None:
             with contextlib.suppress(Exception):

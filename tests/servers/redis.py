@@ -17,17 +17,32 @@ from asynclock._demo._server import answers_ping, redis_server_binary, redis_ser
 
 from .base import ServerProcess, free_port
 
-__all__ = ["RedisServer", "redis_server_binary"]
+__all__ = ["RedisServer", "authenticated", "redis_server_binary"]
+
+
+def authenticated(sock: socket.socket, password: str | None) -> bool:
+    """Log the connected ``sock`` in with ``password`` (nothing to do without one); whether it was accepted."""
+    if password is None:
+        return True
+    sock.sendall(f"AUTH {password}\r\n".encode())
+    return sock.recv(64).startswith(b"+OK")
 
 
 class RedisServer(ServerProcess):
     name = "redis"
 
     def __init__(
-        self, port: int | None = None, workdir: Path | None = None, extra: Sequence[str] = (), tls: bool = False
+        self,
+        port: int | None = None,
+        workdir: Path | None = None,
+        extra: Sequence[str] = (),
+        tls: bool = False,
+        password: str | None = None,
     ) -> None:
         super().__init__(workdir)
         self.tls = tls
+        #: the password it wants (``requirepass``), or None; its URLs do not carry it
+        self.password = password
         binary = redis_server_binary()
         if binary is None:
             raise RuntimeError("redis-server not found on PATH (tests/run.sh installs it)")
@@ -87,16 +102,17 @@ class RedisServer(ServerProcess):
         listen = ["--bind", "127.0.0.1", *tcp, "--protected-mode", "no"]
         return [
             *redis_server_command(self.binary, self.workdir, listen=listen, unix_socket=self.socket_path),
+            *(["--requirepass", self.password] if self.password is not None else []),
             *self.extra,
         ]
 
     def is_ready(self) -> bool:
         with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as raw:
             if not self.tls:
-                return answers_ping(raw)
+                return authenticated(raw, self.password) and answers_ping(raw)
             context = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
             with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
-                return answers_ping(sock)
+                return authenticated(sock, self.password) and answers_ping(sock)
 
     def restart_empty(self) -> None:
         """Kill it and start it again on the same port with no data (a crash without persistence)."""

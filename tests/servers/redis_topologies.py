@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .base import ServerProcess, free_port
-from .redis import RedisServer
+from .redis import RedisServer, authenticated
 
 
 def _ask(port: int, *command: str, timeout: float = 1.0) -> str:
@@ -73,7 +73,18 @@ class SentinelServer(ServerProcess):
 
     name = "sentinel"
 
-    def __init__(self, primary_port: int, master: str = "mymaster", quorum: int = 2, down_after_ms: int = 1500) -> None:
+    def __init__(
+        self,
+        primary_port: int,
+        master: str = "mymaster",
+        quorum: int = 2,
+        down_after_ms: int = 1500,
+        *,
+        password: str | None = None,
+        primary_password: str | None = None,
+    ) -> None:
+        """``password``: the one this sentinel wants of its clients (``requirepass``);
+        ``primary_password``: the one it gives the primary and its replicas (``auth-pass``)."""
         super().__init__()
         binary = shutil.which("redis-sentinel") or shutil.which("redis-server")
         if binary is None:
@@ -81,6 +92,10 @@ class SentinelServer(ServerProcess):
         self.binary = binary
         self.port = free_port()
         self.master = master
+        self.password = password
+        secrets = [f"requirepass {password}"] if password is not None else []
+        if primary_password is not None:
+            secrets.append(f"sentinel auth-pass {master} {primary_password}")
         self.config = self.workdir / "sentinel.conf"
         self.config.write_text(
             "\n".join(
@@ -93,6 +108,7 @@ class SentinelServer(ServerProcess):
                     f"sentinel down-after-milliseconds {master} {down_after_ms}",
                     f"sentinel failover-timeout {master} 2000",
                     f"sentinel parallel-syncs {master} 1",
+                    *secrets,
                     "",
                 ]
             )
@@ -105,6 +121,8 @@ class SentinelServer(ServerProcess):
 
     def is_ready(self) -> bool:
         with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+            if not authenticated(sock, self.password):
+                return False
             sock.sendall(b"PING\r\n")
             return sock.recv(64).startswith(b"+PONG")
 

@@ -171,6 +171,11 @@ class EtcdBackend:
     # -- for tests and tools ------------------------------------------------------------
 
     @property
+    def where(self) -> str:
+        """The members, as messages name them."""
+        return f"etcd at {self._client.addresses}"
+
+    @property
     def client(self) -> EtcdClient:
         """The etcd client."""
         return self._client

@@ -12,11 +12,12 @@ import asyncio
 
 import grpc.aio
 
-from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._errors import BackendUnavailable, ConfigurationError, LockError, plain, shown_as
 
-__all__ = ["EtcdError", "EtcdUnavailable", "failure"]
+__all__ = ["EtcdError", "EtcdUnavailable", "failure", "said"]
 
 
+@shown_as(LockError)
 class EtcdError(LockError):
     """etcd refused a request; ``code`` is the gRPC status name, ``details`` etcd's words."""
 
@@ -27,6 +28,7 @@ class EtcdError(LockError):
         super().__init__(f"etcd{where}: {details or code}")
 
 
+@shown_as(BackendUnavailable)
 class EtcdUnavailable(BackendUnavailable):
     """No answer from etcd in time (or the connection broke): the outcome is unknown."""
 
@@ -35,6 +37,24 @@ class EtcdUnavailable(BackendUnavailable):
 _MEMBER_TROUBLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL", "ABORTED"})
 #: what etcd says when a credential or a permission is refused
 _REFUSED = ("authentication failed", "permission denied", "user name is empty", "user name not found")
+
+
+def said(exc: BaseException) -> str:
+    """What ``exc`` says went wrong, in words (a gRPC error's own text is a dump of its fields)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        details: str = exc.details() or exc.code().name.lower().replace("_", " ")
+        return details
+    return plain(exc)
+
+
+def _unreached(details: str) -> str | None:
+    """Why no connection could be made, from gRPC's details, or None if that is not what they say."""
+    lowered = details.lower()
+    if "connection refused" in lowered:
+        return "connection refused"
+    if "dns resolution failed" in lowered or "name or service not known" in lowered:
+        return "name not resolved"
+    return None
 
 
 def failure(exc: BaseException, address: str) -> tuple[BaseException, bool]:
@@ -52,10 +72,11 @@ def failure(exc: BaseException, address: str) -> tuple[BaseException, bool]:
         if code == "UNAVAILABLE" and ("certificate" in lowered or "handshake" in lowered or "ssl" in lowered):
             return ConfigurationError(f"etcd at {address}: TLS failed: {details}"), False
         if code in _MEMBER_TROUBLE:
-            return EtcdUnavailable(f"etcd at {address} did not answer: {details or code}"), True
+            cause = _unreached(details)
+            if cause is not None:
+                return EtcdUnavailable(f"etcd at {address} could not be reached: {cause}"), True
+            return EtcdUnavailable(f"etcd at {address} did not answer: {said(exc)}"), True
         return EtcdError(code, details, address), False
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return EtcdUnavailable(f"etcd at {address} did not answer in time"), True
-    if isinstance(exc, OSError):
-        return EtcdUnavailable(f"etcd at {address}: {exc!r}"), True
-    return EtcdUnavailable(f"etcd at {address}: {exc!r}"), False
+    return EtcdUnavailable(f"etcd at {address}: {plain(exc)}"), isinstance(exc, OSError)

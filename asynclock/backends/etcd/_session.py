@@ -38,7 +38,7 @@ from ..._errors import ConfigurationError, LockError
 from ..._timing import Backoff, request_window
 from .._background import Background
 from ._client import EtcdClient
-from ._errors import EtcdError, EtcdUnavailable
+from ._errors import EtcdError, EtcdUnavailable, said
 
 __all__ = ["Lease", "Session"]
 
@@ -207,7 +207,8 @@ class Session:
         lease.gone = True
         if self.current is lease:
             self.current = None
-        logger.warning("etcd lease %x of %s lost: %s", lease.id, self._client.addresses, reason)
+        # (INFO: each lock held under it says it is lost, and why, at WARNING)
+        logger.info("etcd lease %x of %s lost: %s", lease.id, self._client.addresses, reason)
         if not expired and not self.closed:
             self._tasks.spawn(self._revoke(lease))
         self._on_gone(lease, reason, expired)
@@ -232,6 +233,7 @@ class Session:
         assert wake is not None
         backoff = Backoff()
         retry_at = 0.0
+        refused: str | None = None  # the refusal last logged: the same again is not news
         while not self.closed:
             lease = self.usable()
             now = loop.time()
@@ -239,11 +241,14 @@ class Session:
                 try:
                     await self.ensure(now + self.lease_time(self._ttl))
                     backoff.reset()
+                    refused = None
                 except ConfigurationError as exc:
-                    logger.warning("etcd refused a lease: %s", exc)
+                    level = logging.DEBUG if str(exc) == refused else logging.WARNING
+                    logger.log(level, "etcd refused a lease: %s", exc)
+                    refused = str(exc)
                     await asyncio.sleep(self.lease_time(self._ttl))
                 except (LockError, OSError) as exc:
-                    logger.debug("etcd lease grant failed, retrying: %r", exc)
+                    logger.debug("etcd lease grant failed, retrying: %s", said(exc))
                     await asyncio.sleep(backoff.next())
                 continue
             lease_time = self.lease_time(self._ttl)
@@ -269,7 +274,7 @@ class Session:
             try:
                 await self.keepalive(lease, min(self.window(), stale_at - now))
             except (LockError, OSError) as exc:
-                logger.debug("etcd keep-alive failed, retrying: %r", exc)
+                logger.debug("etcd keep-alive failed, retrying: %s", said(exc))
                 retry_at = loop.time() + backoff.next()
                 continue
             backoff.reset()

@@ -55,7 +55,9 @@ def target(url: str, options: dict[str, Any]) -> Target:
     the URL's query); ValueError or TypeError for what is unknown or misplaced."""
     endpoints, path, query, tls = parse_url(url)
     merged: dict[str, Any] = {**query, **options}
-    reject_unknown(merged, OPTIONS, f"{url.split('://', 1)[0]}://")
+    where = f"{url.split('://', 1)[0]}://"
+    reject_unknown(query, OPTIONS, where)
+    reject_unknown(options, OPTIONS, where, keywords=True)
     for key in _TLS_OPTIONS:
         if key in merged and not tls:
             raise ValueError(f"{key} is a TLS option: use an etcds:// URL")

@@ -28,6 +28,7 @@ import grpc.aio
 from ..._timing import REQUEST_WINDOW
 from .._background import Background
 from ._channel import Endpoint
+from ._errors import said
 from ._replies import DELETE, Event, WatchResult
 from ._wire import NOPUT, watch_cancel_request, watch_create_request
 
@@ -142,7 +143,7 @@ class Watches:
                         )
                         await self._call.write(request)
                 except BaseException as exc:
-                    self.fail(f"watch request failed: {exc!r}")
+                    self.fail(f"watch request failed: {said(exc)}")
                     raise
         finally:
             self._lock.release()
@@ -169,7 +170,7 @@ class Watches:
             reason = "the watch stream was closed"
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the stream ends every watch on it
-            reason = f"the watch stream failed: {exc!r}"
+            reason = f"the watch stream failed: {said(exc)}"
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code().name != "CANCELLED":
                 endpoint.translate(exc)  # a member in trouble: the next requests go to another
         finally:

@@ -151,7 +151,8 @@ class MemoryBackend:
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "asynclock", **options: Any) -> MemoryBackend:
         """``memory://``: takes no options but the client's own (``ttl``, ``prefix``, ``connect_timeout``)."""
-        reject_unknown([*query_names(url), *options], (), "memory://")
+        reject_unknown(query_names(url), (), "memory://")
+        reject_unknown(options, (), "memory://", keywords=True)
         return cls(prefix=prefix)
 
     def check_kind(self, kind: Kind) -> None:

@@ -145,8 +145,13 @@ class PostgresBackend:
 
         Options: ``table=``, ``max_leases=``; any other raises ValueError naming them.
         """
-        reject_unknown(options, {"ttl", "prefix", "connect_timeout", "table", "max_leases"}, "an asyncpg pool")
+        reject_unknown(options, {"table", "max_leases"}, "an asyncpg pool", keywords=True)
         return cls(pool, prefix=prefix, connect_timeout=connect_timeout, **options)
+
+    @property
+    def where(self) -> str:
+        """The server, as messages name it."""
+        return f"PostgreSQL at {self._errors.address}"
 
     @property
     def pool(self) -> Any:

@@ -100,8 +100,22 @@ def parse_url(url: str, options: dict[str, Any]) -> tuple[str, dict[str, str]]:
     valid_query = OWN_OPTIONS | DSN_PARAMETERS
     for name in query_names(url):
         if name not in valid_query and _typo(name, valid_query):
-            reject_unknown([name], valid_query, "postgresql:// (other query parameters go to the server as settings)")
-    reject_unknown(options, keyword_options(), "postgresql://")
+            reject_unknown(
+                [name],
+                OWN_OPTIONS,
+                "postgresql://",
+                passed_on=DSN_PARAMETERS,
+                others="and the connection parameters asyncpg reads, such as sslmode, sslrootcert, user or password;"
+                " other names go to the server as settings",
+            )
+    reject_unknown(
+        options,
+        OWN_OPTIONS,
+        "postgresql://",
+        keywords=True,
+        passed_on=keyword_options(),
+        others="and what asyncpg.create_pool and asyncpg.connect take, such as password, ssl or server_settings",
+    )
     # asyncpg would send our query parameters to the server as settings: take them out.
     return take_query(url, {"table", "max_leases"})
 

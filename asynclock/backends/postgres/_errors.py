@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._errors import BackendUnavailable, ConfigurationError, LockError, plain
 from ..._options import mask_text
 from .._edge import MapErrors
 
@@ -76,7 +76,7 @@ def _cause(exc: BaseException) -> str:
         return "timed out"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
-    return str(exc) or type(exc).__name__
+    return plain(exc)
 
 
 def _hint(exc: BaseException, table: str) -> str:
@@ -136,7 +136,7 @@ class Translation:
         if isinstance(exc, _UNREACHABLE):
             return BackendUnavailable(self.mask(f"{where}: {_cause(exc)}"))
         if isinstance(exc, asyncpg.PostgresError):
-            return LockError(self.mask(f"{where}: {exc!r}"))
+            return LockError(self.mask(f"{where}: {plain(exc)}"))
         return exc
 
     def unavailable(self, what: str) -> BackendUnavailable:

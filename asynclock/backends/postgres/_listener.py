@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from ..._errors import LockError
+from ..._errors import LockError, plain
 from ..._timing import request_window
 from .._background import until_done
 from ._errors import CLIENT_ERRORS, Translation
@@ -92,6 +92,7 @@ class Listener:
         self._keepalive: asyncio.TimerHandle | None = None
         self._last = 0.0
         self._reopen: asyncio.Task[None] | None = None
+        self._reopen_failed: str | None = None  # why the last try to open it again failed
         self._closed = False
 
     @property
@@ -151,8 +152,12 @@ class Listener:
         try:
             await self.statement(lambda conn: conn.fetchval(PING))
         except Exception as exc:  # noqa: BLE001 - the server's, or ours translated: try again later
-            logger.info("PostgreSQL listening session not open again yet: %r", exc)
+            why = plain(exc)
+            level = logging.DEBUG if why == self._reopen_failed else logging.INFO  # (the same again is not news)
+            logger.log(level, "PostgreSQL listening session not open again yet: %s", why)
+            self._reopen_failed = why
             return False
+        self._reopen_failed = None
         return True
 
     async def statement(

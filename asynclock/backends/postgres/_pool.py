@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from ..._errors import BackendUnavailable
+from ..._errors import BackendUnavailable, plain
 from .._background import Background
 from ._config import PROXY_CONNECTION
 from ._errors import Translation
@@ -142,7 +142,7 @@ class Pool:
                     await conn.execute(GIVE_BACK if idle_set else GIVE_BACK_PG13)
                 await self.pool.release(proxy)
         except Exception as exc:  # noqa: BLE001 - any doubt: close it
-            logger.info("closing a PostgreSQL connection the pool did not take back clean: %r", exc)
+            logger.info("closing a PostgreSQL connection the pool did not take back clean: %s", plain(exc))
             terminate(conn)
             return
         self._returned_clean += 1

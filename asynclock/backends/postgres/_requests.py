@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from ..._errors import LockError
+from ..._errors import LockError, plain
 from ..._timing import request_window
 from .._background import Background
 from ._errors import EDGE_ERRORS, Translation
@@ -130,7 +130,7 @@ class Requests:
                     finally:
                         state.leave()
             except Exception as exc:  # noqa: BLE001 - the server's, or ours translated: close the sessions
-                logger.info("could not settle a PostgreSQL request cut short (%r); its session is closed", exc)
+                logger.info("could not settle a PostgreSQL request cut short (%s); its session is closed", plain(exc))
                 for session in state.unknown:
                     with contextlib.suppress(Exception):
                         session.conn.terminate()

@@ -37,13 +37,21 @@ from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_text, take_query
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
 from .._breaking import break_by_release
-from ._connection import Connection, address
+from ._connection import GIVEN_CLIENT_HINT, Connection, address, password_hint
 from ._election import Elections, RedisLeaderWatch, hold_of, server_hold
 from ._exclusive import ExclusiveLock
 from ._pubsub import PubSub
 from ._queue import Handovers, QueueClient
 from ._shared import QueuedResource
-from ._urls import OWN_OPTIONS, check_options, check_replicas, connection_options, database, replica_options
+from ._urls import (
+    OWN_OPTIONS,
+    REDIS_PY_OPTIONS,
+    check_options,
+    check_replicas,
+    connection_options,
+    database,
+    replica_options,
+)
 
 __all__ = ["RedisBackend"]
 
@@ -75,6 +83,7 @@ class RedisBackend:
         replica_timeout: float = 0.5,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         where: str | None = None,
+        hint: str = GIVEN_CLIENT_HINT,
     ) -> None:
         check_replicas(replicas, replica_timeout)
         settings = dict(getattr(client.connection_pool, "connection_kwargs", {}))
@@ -87,6 +96,7 @@ class RedisBackend:
             replicas=replicas,
             replica_timeout=replica_timeout,
             owns_client=owns_client,
+            hint=hint,
         )
         self._prefix = prefix
         self._pubsub = PubSub(self.connection)
@@ -122,8 +132,14 @@ class RedisBackend:
             "rediss": aioredis.SSLConnection,
             "unix": aioredis.UnixDomainSocketConnection,
         }.get(parts.scheme.lower(), aioredis.Connection)
-        valid = {*connection_options(connection_class), *OWN_OPTIONS}
-        check_options(rest, options, valid, f"{parts.scheme}://", taken=own)
+        check_options(
+            rest,
+            options,
+            OWN_OPTIONS,
+            f"{parts.scheme}://",
+            passed_on=connection_options(connection_class),
+            others=REDIS_PY_OPTIONS,
+        )
         if parts.scheme.lower() in ("redis", "rediss"):
             database(parts.path, url)
         replicas, replica_timeout = replica_options(options, own)
@@ -140,6 +156,7 @@ class RedisBackend:
             replicas=replicas,
             replica_timeout=replica_timeout,
             connect_timeout=connect_timeout,
+            hint=password_hint(parts.scheme.lower(), parts.netloc.rpartition("@")[2], parts.path),
         )
 
     @classmethod
@@ -162,6 +179,11 @@ class RedisBackend:
             replica_timeout=replica_timeout,
             connect_timeout=connect_timeout,
         )
+
+    @property
+    def where(self) -> str:
+        """The server, as messages name it."""
+        return self.connection.where
 
     @property
     def client(self) -> aioredis.Redis:

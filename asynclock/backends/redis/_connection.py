@@ -36,18 +36,20 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._errors import BackendUnavailable, ConfigurationError, LockError, plain
 from ..._options import mask_text
 from .._edge import MapErrors, Translate
 from ._wire import Lanes, bulk, evalsha, unbulk
 
 __all__ = [
     "FENCE_LIFETIME_MS",
+    "GIVEN_CLIENT_HINT",
     "Connection",
     "Script",
     "address",
     "is_readonly",
     "ms",
+    "password_hint",
     "refusal",
     "tag",
     "translate",
@@ -111,9 +113,32 @@ def address(kwargs: dict[str, Any]) -> str:
     return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 
-def tag(exc: BaseException, where: str) -> None:
-    """Let ``exc`` name the server it came from, when that is more precise than the connection's own name."""
+def tag(exc: BaseException, where: str, hint: str | None = None) -> None:
+    """Let ``exc`` name the server it came from, when that is more precise than the connection's own
+    name, and ``hint`` how to give that server a password (see :func:`password_hint`)."""
     exc.asynclock_where = where  # type: ignore[attr-defined]
+    if hint is not None:
+        exc.asynclock_hint = hint  # type: ignore[attr-defined]
+
+
+def password_hint(scheme: str, hosts: str, path: str = "") -> str:
+    """How to give a server the password it wants, for a client made from a ``scheme://hosts/path`` URL."""
+    return (
+        f"put it in the URL, {scheme}://:PASSWORD@{hosts}{path}"
+        f" (or {scheme}://USERNAME:PASSWORD@{hosts}{path} for an ACL user)"
+    )
+
+
+#: For a client the application made and passed to ``connect()``.
+GIVEN_CLIENT_HINT = "give the client you passed to connect() one (password=, and username= for an ACL user)"
+
+
+def _wants_password(error: BaseException) -> bool:
+    """The server wants a password and was given none (Redis 6+ answers HELLO so, older ones NOAUTH)."""
+    words = str(error)
+    return "HELLO must be called with the client already authenticated" in words or words.startswith(
+        ("NOAUTH", "Authentication required")
+    )
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -135,9 +160,15 @@ def _refused_in_script(error: BaseException) -> bool:
     return "The user executing the script can't" in words or "NOPERM" in words
 
 
-def refusal(exc: BaseException) -> str | None:
-    """What the server refused if no retry can fix it (credentials, ACL, database, TLS), else None."""
+def refusal(exc: BaseException, hint: str = GIVEN_CLIENT_HINT) -> str | None:
+    """What the server refused if no retry can fix it (credentials, ACL, database, TLS), else None.
+
+    ``hint`` says how to give the server a password, for a server that wants one and got none.
+    """
     for error in _chain(exc):
+        if isinstance(error, redis_errors.AuthenticationError) and _wants_password(error):
+            hint = next((said for e in _chain(exc) if (said := getattr(e, "asynclock_hint", None))), hint)
+            return f"wants a password, and none was given: {hint} (the server said {str(error)!r})"
         if isinstance(error, (redis_errors.AuthenticationError, redis_errors.AuthenticationWrongNumberOfArgsError)):
             return f"refused the credentials: {str(error)!r}"
         if isinstance(error, redis_errors.NoPermissionError):
@@ -189,16 +220,18 @@ def translate(
     connect_timeout: float | None = None,
     secrets: Iterable[str | None] = (),
     unavailable: tuple[type[BaseException], ...] = (),
+    hint: str = GIVEN_CLIENT_HINT,
 ) -> BaseException:
     """Map redis-py errors onto ours, naming ``where`` (the original becomes ``__cause__``).
 
     ``where`` names the server ("Redis at host:port"); ``secrets`` (passwords)
     are masked in every message; ``unavailable`` are further error types that
-    mean "not reachable right now" (a Cluster client's own).
+    mean "not reachable right now" (a Cluster client's own); ``hint`` says how
+    to give the server a password, should it want one and get none.
     """
     # (a connection that knows better which server it talked to tags its errors)
     at = next((tag for error in _chain(exc) if (tag := getattr(error, "asynclock_where", None))), where)
-    refused = refusal(exc)
+    refused = refusal(exc, hint)
     if refused is not None:
         return ConfigurationError(mask_text(f"{at} {refused}", secrets))
     if is_readonly(exc):
@@ -211,11 +244,11 @@ def translate(
             return error
         if isinstance(exc, redis_errors.BusyLoadingError):
             return BackendUnavailable(mask_text(f"{at} is loading its data: {exc}", secrets))
-        return BackendUnavailable(mask_text(f"{at} did not answer: {exc!r}", secrets))
+        return BackendUnavailable(mask_text(f"{at} did not answer: {plain(exc)}", secrets))
     if isinstance(exc, unavailable):
         # no node reachable yet, or a cluster settling (CLUSTERDOWN, TRYAGAIN)
         cause = unreachable(exc, connect_timeout)
-        error = BackendUnavailable(mask_text(f"{at} is not available: {cause or repr(exc)}", secrets))
+        error = BackendUnavailable(mask_text(f"{at} is not available: {cause or plain(exc)}", secrets))
         if cause is not None:
             error.connect_timeout = connect_timeout
         return error
@@ -229,7 +262,8 @@ class Connection:
 
     ``where`` names the server in messages ("Redis at host:port"), never with
     a password; ``secrets`` are masked wherever redis-py's or the server's
-    words are quoted. ``replicas``: replicas that must confirm a write
+    words are quoted; ``hint`` says how to give the server a password (see
+    :func:`password_hint`). ``replicas``: replicas that must confirm a write
     (``run_then_wait``); 0: do not wait.
     """
 
@@ -244,6 +278,7 @@ class Connection:
         replicas: int = 0,
         replica_timeout: float = 0.5,
         owns_client: bool = False,
+        hint: str = GIVEN_CLIENT_HINT,
     ) -> None:
         self.client = client
         self.where = where
@@ -254,7 +289,12 @@ class Connection:
         self._owns_client = owns_client
         #: redis-py's error (or one it wraps) in, asynclock's out, naming this server, passwords masked.
         self.error: Translate = functools.partial(
-            translate, where=where, connect_timeout=connect_timeout, secrets=self._secrets, unavailable=unavailable
+            translate,
+            where=where,
+            connect_timeout=connect_timeout,
+            secrets=self._secrets,
+            unavailable=unavailable,
+            hint=hint,
         )
         #: ``with connection.edge:`` around any call into redis-py.
         self.edge = MapErrors(self.error, (redis_errors.RedisError, OSError, *unavailable))
@@ -266,8 +306,9 @@ class Connection:
         self._secrets.append(secret)
 
     def describe(self, exc: BaseException) -> str:
-        """``exc`` for a log line: passwords masked."""
-        return mask_text(repr(exc), self._secrets)
+        """``exc`` in words for a log line (as asynclock would raise it): passwords masked."""
+        error = self.error(exc)
+        return str(error) if error is not exc else mask_text(plain(exc), self._secrets)
 
     async def run(self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | int | bytes]) -> Any:
         """Run ``script`` (loading it again if the server does not have it); errors translated.

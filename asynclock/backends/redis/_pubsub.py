@@ -166,6 +166,7 @@ class PubSub:
     async def _run(self) -> None:
         delay = RETRY_FIRST
         client: Any = self._connection.client
+        said: str | None = None  # why the last attempt failed, as logged: the same again is not news
         while True:
             conn = None
             try:
@@ -192,14 +193,19 @@ class PubSub:
                 if isinstance(error, ConfigurationError):
                     error.__cause__ = exc
                     self.failure = error
-                    logger.warning("redis pub/sub connection refused, not retrying: %s", error)
+                    # (raised to every waiter that needs this connection: not logged as well)
+                    logger.debug("redis pub/sub connection refused, not retrying: %s", error)
                 else:
-                    logger.info("redis pub/sub connection lost, reconnecting: %s", self._connection.describe(exc))
+                    why = self._connection.describe(exc)
+                    level = logging.DEBUG if why == said else logging.INFO
+                    logger.log(level, "redis pub/sub connection lost, reconnecting: %s", why)
+                    said = why
             finally:
                 self._connected.clear()
                 self._settled.set()
                 if self._listener is not None and self._listener.replies:
                     delay = RETRY_FIRST  # the server answered: the next connection starts from the shortest pause
+                    said = None
                 self._conn = self._listener = None
                 for futures in self._pending.values():
                     for future in futures:

@@ -33,7 +33,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redis Cluster backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import BackendUnavailable, ConfigurationError
+from ..._errors import BackendUnavailable, ConfigurationError, plain
 from ..._timing import RETRY_FIRST
 from ...abc import BackendHooks
 from .._background import Background
@@ -147,7 +147,7 @@ class ShardListener:
         try:
             node = self.node_for(channel)
         except UNAVAILABLE as exc:
-            logger.info("no node for %r yet, will subscribe after a refresh: %r", channel, exc)
+            logger.info("no node for %r yet, subscribing after a refresh: %s", channel, self.connection.describe(exc))
             self.reroute()
             return
         shard = self._shard(node)
@@ -186,6 +186,7 @@ class ShardListener:
 
     async def _reroute(self) -> None:
         delay = 0.05
+        said: str | None = None  # why the last attempt failed, as logged
         while True:
             try:
                 await self._cluster.nodes_manager.initialize()
@@ -208,10 +209,14 @@ class ShardListener:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: try again later
                 if isinstance(exc, ConfigurationError) or isinstance(self.connection.error(exc), ConfigurationError):
-                    logger.warning("redis cluster pub/sub refused, not retrying: %s", self.connection.describe(exc))
+                    # (raised to the waiters that need it: not logged as well)
+                    logger.debug("redis cluster pub/sub refused, not retrying: %s", self.connection.describe(exc))
                     self.wake_all()
                     return
-                logger.info("redis cluster pub/sub: cannot place channels yet: %s", self.connection.describe(exc))
+                why = self.connection.describe(exc)
+                level = logging.DEBUG if why == said else logging.INFO
+                logger.log(level, "redis cluster pub/sub: cannot place channels yet: %s", why)
+                said = why
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX)
 
@@ -267,7 +272,7 @@ class Shard:
         try:
             listener.send(b"SSUBSCRIBE", channel)
         except (redis_errors.RedisError, OSError) as exc:
-            logger.debug("SSUBSCRIBE failed, the shard will reconnect: %r", exc)
+            logger.debug("SSUBSCRIBE failed, the shard will reconnect: %s", plain(exc))
             return False
         try:
             # A stalled node must not stall the waiter: it is bounded by the
@@ -288,6 +293,7 @@ class Shard:
     async def _run(self) -> None:
         delay = RETRY_FIRST
         owner = self._owner
+        said: str | None = None  # why the last attempt failed, as logged: the same again is not news
         while True:
             conn = None
             try:
@@ -311,18 +317,18 @@ class Shard:
                 if isinstance(error, ConfigurationError):
                     error.__cause__ = exc
                     self.failure = error
-                    logger.warning("redis cluster pub/sub connection refused, not retrying: %s", error)
+                    logger.debug("redis cluster pub/sub connection refused, not retrying: %s", error)
                 else:
-                    logger.info(
-                        "redis cluster pub/sub connection to %s lost: %s",
-                        self._node.name,
-                        owner.connection.describe(exc),
-                    )
+                    why = owner.connection.describe(exc)
+                    level = logging.DEBUG if why == said else logging.INFO
+                    logger.log(level, "redis cluster pub/sub connection to %s lost: %s", self._node.name, why)
+                    said = why
             finally:
                 self._connected.clear()
                 self._settled.set()
                 if self._listener is not None and self._listener.replies:
                     delay = RETRY_FIRST  # the node answered: the next connection starts from the shortest pause
+                    said = None
                 self._conn = self._listener = None
                 self._settle(False)
                 if conn is not None:

@@ -3,7 +3,9 @@
 redis-py takes most options either as a keyword or as a URL query parameter;
 which ones it takes is read from its own signatures (:func:`accepted`), so a
 name neither asynclock nor redis-py knows is refused with the closest valid
-one, and a new redis-py option works without a change here.
+one, and a new redis-py option works without a change here. The refusal
+lists asynclock's options, as the docs do, and says the rest go to redis-py
+(its signatures hold dozens of names, internals among them).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..._options import mask_url, query_names, reject_unknown, whole
 
 __all__ = [
-    "CLIENT_OPTIONS",
     "OWN_OPTIONS",
+    "REDIS_PY_OPTIONS",
     "accepted",
     "check_options",
     "check_replicas",
@@ -34,10 +36,10 @@ __all__ = [
     "url_value",
 ]
 
-#: What ``connect()`` itself reads from every URL and keyword (see ``asynclock.connect``).
-CLIENT_OPTIONS = ("ttl", "prefix", "connect_timeout")
 #: Query parameters and keyword options that the redis:// backend reads itself.
 OWN_OPTIONS = ("replicas", "replica_timeout")
+#: What an unknown-option message says of the options that go on to redis-py.
+REDIS_PY_OPTIONS = "and what redis-py's Redis.from_url takes, such as socket_timeout, ssl_ca_certs or password"
 
 
 def accepted(*targets: Callable[..., Any]) -> dict[str, Any]:
@@ -72,15 +74,22 @@ def connection_options(connection_class: type) -> dict[str, Any]:
 
 
 def check_options(
-    url: str, options: Iterable[str], valid: Collection[str], where: str, *, taken: Collection[str] = ()
+    url: str,
+    options: Iterable[str],
+    valid: Collection[str],
+    where: str,
+    *,
+    passed_on: Collection[str] = (),
+    others: str = "",
 ) -> None:
     """ValueError for an unknown query parameter of ``url`` or keyword in ``options``.
 
-    ``taken``: names read from the URL before (``ttl``, …); they are valid too.
+    ``valid``: asynclock's own options here (those every client takes are
+    added); ``passed_on``: redis-py's, which ``others`` names in words (see
+    ``reject_unknown``).
     """
-    known = {*CLIENT_OPTIONS, *taken, *valid}
-    reject_unknown(query_names(url), known, where)
-    reject_unknown(options, {*known, "on_event"}, where)
+    reject_unknown(query_names(url), valid, where, passed_on=passed_on, others=others)
+    reject_unknown(options, valid, where, keywords=True, passed_on=passed_on, others=others)
 
 
 def url_value(name: str, text: str, default: object = None) -> Any:

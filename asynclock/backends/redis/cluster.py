@@ -50,7 +50,7 @@ from ..._options import DEFAULT_CONNECT_TIMEOUT, credentials, host_list, mask_te
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
 from .._breaking import break_by_release
-from ._connection import Connection
+from ._connection import GIVEN_CLIENT_HINT, Connection, password_hint
 from ._election import Elections, RedisLeaderWatch, hold_of, server_hold
 from ._exclusive import ExclusiveLock
 from ._hash import HashLock
@@ -122,6 +122,7 @@ class ClusterBackend:
         prefix: str = "asynclock",
         owns_client: bool = False,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        hint: str = GIVEN_CLIENT_HINT,
     ) -> None:
         nodes = ",".join(node.name for node in client.startup_nodes)
         #: The cluster client, its errors (its own among them) and its scripts.
@@ -132,6 +133,7 @@ class ClusterBackend:
             secrets=[client.nodes_manager.connection_kwargs.get("password")],
             unavailable=UNAVAILABLE,
             owns_client=owns_client,
+            hint=hint,
         )
         self._cluster = client
         self._hash = HashLock(self.connection, prefix, sharded=True)
@@ -166,7 +168,14 @@ class ClusterBackend:
         if database(parts.path, url):
             raise ValueError(f"Redis Cluster has only database 0, got {mask_url(url)}")
         valid = cluster_options()
-        check_options(url, options, valid, "redis+cluster://")
+        check_options(
+            url,
+            options,
+            (),
+            "redis+cluster://",
+            passed_on=valid,
+            others="and what redis-py's RedisCluster takes, such as read_from_replicas, socket_timeout or password",
+        )
         kwargs: dict[str, Any] = {
             key: url_value(key, value, valid.get(key)) for key, value in parse_qsl(parts.query, keep_blank_values=True)
         }
@@ -182,7 +191,13 @@ class ClusterBackend:
         except redis_errors.RedisClusterException as exc:  # a bad option (no I/O yet)
             raise ValueError(mask_text(str(exc), [kwargs.get("password")])) from None
         client.commands_parser = _AnyPrimaryParser(client)
-        return cls(client, prefix=prefix, owns_client=True, connect_timeout=connect_timeout)
+        return cls(
+            client,
+            prefix=prefix,
+            owns_client=True,
+            connect_timeout=connect_timeout,
+            hint=password_hint("redis+cluster", hosts),
+        )
 
     @classmethod
     def from_client(
@@ -196,6 +211,11 @@ class ClusterBackend:
         """A backend on a cluster client the caller made (and closes); it takes no options."""
         check_options("", options, (), "a redis.asyncio.RedisCluster client")
         return cls(client, prefix=prefix, owns_client=False, connect_timeout=connect_timeout)
+
+    @property
+    def where(self) -> str:
+        """The cluster, as messages name it."""
+        return self.connection.where
 
     @property
     def cluster(self) -> RedisCluster:

@@ -56,17 +56,17 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Redlock backend needs redis-py: pip install 'asynclock[redis]'") from exc
 
-from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._errors import BackendUnavailable, ConfigurationError, LockError, plain
 from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, mask_url, seconds, take_query
 from ..._timing import drift
 from ..._values import LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LockRef, RenewItem, unsupported
 from .._breaking import break_by_release
-from ._connection import Connection, address
+from ._connection import GIVEN_CLIENT_HINT, Connection, address, password_hint
 from ._hash import HashLock
 from ._pubsub import PubSub
-from ._urls import check_options, connection_options, database
+from ._urls import REDIS_PY_OPTIONS, check_options, connection_options, database
 
 __all__ = ["RedlockBackend"]
 
@@ -114,12 +114,15 @@ class RedlockBackend:
         owns_clients: bool = False,
         node_timeout: float | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        hint: str = GIVEN_CLIENT_HINT,
     ) -> None:
         if len(clients) < 1:
             raise ValueError("Redlock needs at least one Redis node")
         if node_timeout is not None and not node_timeout > 0:
             raise ValueError(f"node_timeout must be > 0, got {node_timeout!r}")
-        self._nodes = [HashLock(_node_connection(client, connect_timeout, owns_clients), prefix) for client in clients]
+        self._nodes = [
+            HashLock(_node_connection(client, connect_timeout, owns_clients, hint), prefix) for client in clients
+        ]
         self._node_timeout = node_timeout
         self._quorum = quorum(len(clients))
         self._releases: _Releases | None = None  # made by ``start``
@@ -143,7 +146,12 @@ class RedlockBackend:
         rest, own = take_query(url, ("node_timeout",))
         parts = urlsplit(rest)
         check_options(
-            rest, options, {*connection_options(aioredis.Connection), "node_timeout"}, "redlock://", taken=own
+            rest,
+            options,
+            ("node_timeout",),
+            "redlock://",
+            passed_on=connection_options(aioredis.Connection),
+            others=REDIS_PY_OPTIONS.replace("takes", "takes (for every node)"),
         )
         node_timeout: float | None = None
         raw_timeout = options.pop("node_timeout", own.get("node_timeout"))
@@ -161,8 +169,18 @@ class RedlockBackend:
         tail = f"{parts.path}?{parts.query}" if parts.query else parts.path
         clients = [aioredis.Redis.from_url(f"redis://{auth}{address}{tail}", **options) for address in addresses]
         return cls(
-            clients, prefix=prefix, owns_clients=True, node_timeout=node_timeout, connect_timeout=connect_timeout
+            clients,
+            prefix=prefix,
+            owns_clients=True,
+            node_timeout=node_timeout,
+            connect_timeout=connect_timeout,
+            hint=password_hint("redlock", hosts, parts.path),
         )
+
+    @property
+    def where(self) -> str:
+        """The nodes, as messages name them."""
+        return "Redlock at " + ",".join(node.connection.where.removeprefix("Redis at ") for node in self._nodes)
 
     @property
     def nodes(self) -> list[HashLock]:
@@ -194,8 +212,12 @@ class RedlockBackend:
         """``call(node)`` on every node (or ``nodes``) in parallel, each bounded; exceptions are returned."""
 
         async def one(node: HashLock) -> T:
-            async with asyncio.timeout(self.node_timeout(ttl)):
-                return await call(node)
+            bound = self.node_timeout(ttl)
+            try:
+                async with asyncio.timeout(bound):
+                    return await call(node)
+            except TimeoutError:
+                raise BackendUnavailable(f"{node.connection.where} did not answer within {bound:.3g} s") from None
 
         chosen = self._nodes if nodes is None else nodes
         return list(await asyncio.gather(*(one(node) for node in chosen), return_exceptions=True))
@@ -351,8 +373,8 @@ class RedlockBackend:
         return self._ttl_hint
 
 
-def _node_connection(client: aioredis.Redis, connect_timeout: float, owns_client: bool) -> Connection:
-    """The connection to one node, named by its address in errors."""
+def _node_connection(client: aioredis.Redis, connect_timeout: float, owns_client: bool, hint: str) -> Connection:
+    """The connection to one node, named by its address in errors; ``hint`` says how to give it a password."""
     settings = dict(client.connection_pool.connection_kwargs)
     return Connection(
         client,
@@ -360,6 +382,7 @@ def _node_connection(client: aioredis.Redis, connect_timeout: float, owns_client
         connect_timeout=connect_timeout,
         secrets=[settings.get("password")],
         owns_client=owns_client,
+        hint=hint,
     )
 
 
@@ -369,7 +392,7 @@ def _no_quorum(what: str, yes: int, nodes: int, needed: int, errors: Sequence[Ba
     When every failing node could not be connected to at all, the error
     carries the connect timeout (a caller gives up after it, not after a ttl).
     """
-    detail = "; ".join(sorted({str(error) for error in errors})[:3]) or "no errors"
+    detail = "; ".join(sorted({plain(error) for error in errors})[:3]) or "no node answered"
     refused = [error for error in errors if isinstance(error, ConfigurationError)]
     error: LockError
     if len(refused) > nodes - needed:

@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..._options import DEFAULT_CONNECT_TIMEOUT, credentials, host_list, mask_url, take_query
 from . import RedisBackend
-from ._connection import refusal, tag, unreachable
+from ._connection import password_hint, refusal, tag, unreachable
 from ._private import FORCE_MASTER_IP
 from ._urls import OWN_OPTIONS, accepted, check_options, database, replica_options, url_value
 
@@ -51,6 +51,11 @@ __all__ = ["SentinelBackend"]
 
 #: Options of the sentinels themselves (the others go to the data connections).
 SENTINEL_OWN = ("sentinel_password",)
+#: How to give the sentinels the password they want.
+SENTINEL_HINT = (
+    "add ?sentinel_password=PASSWORD to the URL (a password before the hosts,"
+    " redis+sentinel://:PASSWORD@…, is the data nodes')"
+)
 
 
 class _FollowingConnection(SentinelManagedConnection):
@@ -97,7 +102,7 @@ class _Sentinels(Sentinel):
             try:
                 masters = cast(dict[str, Any], await sentinel.sentinel_masters())
             except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-                tag(exc, f"Redis sentinel at {_address_of(sentinel)}")
+                tag(exc, f"Redis sentinel at {_address_of(sentinel)}", SENTINEL_HINT)
                 failures.append(exc)
                 continue
             state = masters.get(service_name)
@@ -152,6 +157,7 @@ class SentinelBackend(RedisBackend):
         replica_timeout: float = 0.5,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         service: str = "",
+        hint: str | None = None,
     ) -> None:
         hosts = ",".join(_address_of(each) for each in sentinel.sentinels)
         super().__init__(
@@ -162,6 +168,7 @@ class SentinelBackend(RedisBackend):
             replica_timeout=replica_timeout,
             connect_timeout=connect_timeout,
             where=f"Redis primary {service!r} via the sentinels at {hosts}",
+            **({} if hint is None else {"hint": hint}),
         )
         self._sentinel = sentinel
         self._owns_sentinel = owns_client
@@ -196,7 +203,14 @@ class SentinelBackend(RedisBackend):
             raise ValueError(f"a Sentinel URL ends in /service_name[/db], got {mask_url(url)}")
         service = unquote(path[0])
         valid = sentinel_options()
-        check_options(rest, options, {*valid, *OWN_OPTIONS, *SENTINEL_OWN}, "redis+sentinel://", taken=own)
+        check_options(
+            rest,
+            options,
+            (*OWN_OPTIONS, *SENTINEL_OWN),
+            "redis+sentinel://",
+            passed_on=valid,
+            others="and what redis-py's Sentinel and its data connections take, such as socket_timeout or password",
+        )
         kwargs: dict[str, Any] = {
             key: url_value(key, value, valid.get(key)) for key, value in parse_qsl(parts.query, keep_blank_values=True)
         }
@@ -227,6 +241,7 @@ class SentinelBackend(RedisBackend):
             replica_timeout=replica_timeout,
             connect_timeout=connect_timeout,
             service=service,
+            hint=password_hint("redis+sentinel", hosts, parts.path),
         )
 
     @property

@@ -158,7 +158,8 @@ class ZooKeeperBackend:
         Unknown options raise ValueError naming the valid ones.
         """
         hosts, chroot, query = parse_url(url)
-        reject_unknown([*query, *options], OPTIONS, "zk://")
+        reject_unknown(query, OPTIONS, "zk://")
+        reject_unknown(options, OPTIONS, "zk://", keywords=True)
         merged: dict[str, Any] = {**query, **options}
         asked = merged.pop("session_timeout", None)
         session_timeout = seconds(asked, "session_timeout") if asked is not None else None
@@ -327,8 +328,13 @@ class ZooKeeperBackend:
         """The leader after each change, read again after every watch event (see :mod:`._election`)."""
         return ZkLeaderWatch(self._session, self._layout.key(ref), self._window(), self._edge)
 
+    @property
+    def where(self) -> str:
+        """The server of the session's connection (else every server), as messages name it."""
+        return f"ZooKeeper at {self._session.address}"
+
     async def names(self) -> list[str]:
-        """Lock names under this client's prefix that have contenders now."""
+        """Lock names under this client's prefix that are held or waited for now."""
         with self._edge:
             await self._session.wait_connected(self._window())
             return await lock_names(self._session, self._layout.base)

@@ -19,6 +19,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
+from ..._errors import plain
 from .._takeover import TakeOver
 from ._wire import FRAME_SIZE, PING_XID, REPLY_HEADER, ZkConnectionLoss
 
@@ -175,7 +176,7 @@ class Frames(TakeOver):
                 self._on_frame(frame)
             except Exception as exc:  # a garbled frame: this connection cannot be trusted
                 logger.exception("ZooKeeper %s: bad reply", self._host)
-                self._end(f"bad reply: {exc!r}")
+                self._end(f"bad reply: {plain(exc)}")
                 return
         del buffer[:pos]
 

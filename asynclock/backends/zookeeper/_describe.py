@@ -3,6 +3,7 @@ and how many permits a semaphore's other clients asked for."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from urllib.parse import unquote
 
@@ -121,11 +122,19 @@ async def _describe(
 
 
 async def lock_names(session: ZkSession, base: str) -> list[str]:
-    """Lock names under ``base`` (the client's prefix) that have contenders now."""
+    """Lock names under ``base`` (the client's prefix) that have contenders now: held or waited for.
+
+    A lock's znode is a container, which the server deletes some time after
+    its last contender's node went (a minute, by default): until then it is
+    there with nobody under it, so each one's contenders are read (all at
+    once, pipelined on the session).
+    """
     try:
         reply = await session.call(children_request(base), base)
     except ZkError as exc:
         if exc.code == NO_NODE:
             return []
         raise
-    return sorted(unquote(child, errors="strict") for child in reply.children if child not in RESERVED)
+    locks = [child for child in reply.children if child not in RESERVED]
+    contenders = await asyncio.gather(*(children(session, f"{base}/{child}") for child in locks))
+    return sorted(unquote(child, errors="strict") for child, found in zip(locks, contenders, strict=True) if found)

@@ -20,6 +20,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
+from ..._errors import plain
 from ._connection import Conn, Pending
 from ._wire import (
     AUTH_XID,
@@ -129,6 +130,6 @@ def _answer(conn: Conn, pending: Pending, code: int, body: bytes) -> None:
             response_class = protocol.response_xref.get(pending.opcode)
             reply = response_class.deserialize(body) if response_class is not None and body else None
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
-        future.set_exception(ZkConnectionLoss(f"could not parse a ZooKeeper reply: {exc!r}"))
+        future.set_exception(ZkConnectionLoss(f"could not parse a ZooKeeper reply: {plain(exc)}"))
         return
     future.set_result(reply)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ..._errors import plain
 from ._connection import Conn, Pending, WatchCallback
 from ._wire import ZkConnectionLoss
 
@@ -55,7 +56,7 @@ class Requests:
         try:
             conn.write(payload)
         except (OSError, RuntimeError) as exc:
-            self._drop(conn, f"write failed: {exc!r}")
+            self._drop(conn, f"write failed: {plain(exc)}")
         return future
 
     async def call(self, request: Any, path: str = "", watch: tuple[str, WatchCallback] | None = None) -> Any:
@@ -87,7 +88,7 @@ class Requests:
         try:
             conn.write_ping(asyncio.get_running_loop().time(), future)
         except (OSError, RuntimeError) as exc:
-            self._drop(conn, f"write failed: {exc!r}")
+            self._drop(conn, f"write failed: {plain(exc)}")
 
     def unwatch(self, kind: str, path: str, callback: WatchCallback) -> None:
         """Forget a watch callback that is no longer wanted (the server's watch stays, harmless)."""

@@ -17,6 +17,7 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable
 
+from ..._errors import plain
 from ._connection import Conn
 
 __all__ = ["Opener", "Servers", "cause"]
@@ -67,13 +68,13 @@ class Servers:
             try:
                 conn = await open_one(host, port, budget)
             except (OSError, TimeoutError, EOFError, asyncio.IncompleteReadError, struct.error) as exc:
-                logger.debug("ZooKeeper %s:%d: %r", host, port, exc)
+                logger.debug("ZooKeeper %s:%d: %s", host, port, plain(exc))
                 self.causes[where] = cause(exc, budget)
                 definitive = definitive and isinstance(exc, (socket.gaierror, ConnectionRefusedError))
                 continue
             except Exception as exc:  # a garbled answer: try the next server, never stop reconnecting
                 logger.exception("ZooKeeper %s:%d: unexpected answer to the connect request", host, port)
-                self.causes[where] = f"unexpected answer: {exc!r}"
+                self.causes[where] = f"unexpected answer: {plain(exc)}"
                 definitive = False
                 continue
             if conn is not None:
@@ -94,4 +95,4 @@ def cause(exc: BaseException, budget: float) -> str:
         return f"timed out after {budget:.3g} s"
     if isinstance(exc, (EOFError, asyncio.IncompleteReadError)):
         return "closed the connection before answering"
-    return str(exc) or type(exc).__name__
+    return plain(exc)

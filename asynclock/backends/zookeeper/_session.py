@@ -291,7 +291,8 @@ class ZkSession(Requests):
         self.session_id = 0
         self._password = b"\x00" * 16
         self.confirmed_at = 0.0
-        logger.warning("ZooKeeper session %#x expired: %s", old, reason)
+        # (INFO: each lock held under it says it is lost, and why, at WARNING)
+        logger.info("ZooKeeper session %#x expired: %s", old, reason)
         if old:
             try:
                 self.on_expired(old)

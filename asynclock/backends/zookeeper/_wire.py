@@ -18,7 +18,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ZooKeeper backend needs aiozk: pip install 'asynclock[zookeeper]'") from exc
 
-from ..._errors import BackendUnavailable, ConfigurationError, LockError
+from ..._errors import BackendUnavailable, ConfigurationError, LockError, plain, shown_as
 from .._edge import MapErrors
 
 __all__ = [
@@ -68,6 +68,7 @@ STATE_EXPIRED = -112
 EPHEMERAL, SEQUENTIAL, CONTAINER = 1, 2, 4
 
 
+@shown_as(LockError)
 class ZkError(LockError):
     """ZooKeeper answered a request with an error ``code`` (e.g. NoNode, -101)."""
 
@@ -78,6 +79,7 @@ class ZkError(LockError):
         super().__init__(f"ZooKeeper: {self.label}" + (f" ({path})" if path else ""))
 
 
+@shown_as(ConfigurationError)
 class ZkRefused(ZkError, ConfigurationError):
     """ZooKeeper refused a request for this client's credentials or the node's ACL (NoAuth, AuthFailed).
 
@@ -109,19 +111,23 @@ def edge(where: Callable[[], str]) -> MapErrors:
     """The backend's edge: what the client library or the socket raises becomes asynclock's error.
 
     The session answers with asynclock's errors already (:class:`ZkError`,
-    :class:`ZkConnectionLoss`, :class:`ZkRefused`); anything else that
-    escapes it (a socket error, a reply aiozk could not parse) is a
-    ``BackendUnavailable`` naming the server ``where()``, the original kept
+    :class:`ZkConnectionLoss`, :class:`ZkRefused`), which pass as they are
+    when they name ZooKeeper; anything else that escapes it (a socket error,
+    a reply aiozk could not parse) is a ``BackendUnavailable`` naming the
+    server ``where()`` and saying what happened in words, the original kept
     as ``__cause__``. Made once per backend and entered as ``with edge:``
     around each request.
     """
 
     def translate(exc: BaseException) -> BaseException:
-        return ZkConnectionLoss(f"ZooKeeper at {where()}: {exc!r}")
+        if isinstance(exc, LockError) and "ZooKeeper" in str(exc):
+            return exc
+        return ZkConnectionLoss(f"ZooKeeper at {where()}: {plain(exc)}")
 
     return MapErrors(translate, CLIENT_ERRORS)
 
 
+@shown_as(BackendUnavailable)
 class ZkConnectionLoss(BackendUnavailable):
     """The connection dropped (or the session expired) before the answer came: outcome unknown."""
 
