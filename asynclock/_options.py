@@ -41,8 +41,8 @@ def reject_unknown(
     """Raise ValueError for the first name in ``given`` that is neither in ``valid`` nor in ``passed_on``.
 
     ``valid`` are asynclock's options for this backend, the ones its docs
-    list (``COMMON_OPTIONS`` are added, and ``on_event`` for ``keywords``: a
-    URL cannot carry a callback); ``passed_on`` are the names a client library
+    list (``COMMON_OPTIONS`` are added, and ``on_event`` and ``require`` for
+    ``keywords``: a URL carries neither a callback nor a set); ``passed_on`` are the names a client library
     takes, handed on as they are, and ``others`` says what they are in words
     (e.g. ``"and what redis-py's Redis.from_url takes, such as socket_timeout"``).
     The message names the option, the closest name either way, then
@@ -51,7 +51,7 @@ def reject_unknown(
         unknown option 'tll' for redis://: did you mean 'ttl'? (valid: connect_timeout, prefix,
         replica_timeout, replicas, ttl; and what redis-py's Redis.from_url takes, such as socket_timeout)
     """
-    listed = set(valid) | COMMON_OPTIONS | ({"on_event"} if keywords else set())
+    listed = set(valid) | COMMON_OPTIONS | ({"on_event", "require"} if keywords else set())
     for name in given:
         if name in listed or name in passed_on:
             continue

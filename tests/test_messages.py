@@ -37,8 +37,8 @@ from tests.servers.postgres import PostgresServer
 from tests.servers.zookeeper import ZooKeeperServer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "backends"
-#: What every backend takes (``on_event`` as a keyword only).
-EVERY_CLIENT = {"ttl", "prefix", "connect_timeout", "on_event"}
+#: What every backend takes (``on_event`` and ``require`` as keywords only).
+EVERY_CLIENT = {"ttl", "prefix", "connect_timeout", "on_event", "require"}
 _NAME = re.compile(r"`([a-z][a-z0-9_]*)`")
 
 
@@ -87,7 +87,7 @@ OPTION_PAGES = [
 
 @pytest.mark.parametrize(("url", "page", "section"), OPTION_PAGES)
 def test_an_unknown_option_lists_the_options_the_docs_list(url: str, page: str, section: str | None) -> None:
-    """As a keyword and as a URL parameter (where ``on_event``, a callback, cannot be),
+    """As a keyword and as a URL parameter (where ``on_event``, a callback, and ``require`` cannot be),
     before any I/O; the closest name is still suggested."""
     docs = documented(page, section)
     assert docs >= EVERY_CLIENT, docs  # (the paragraph was found)
@@ -97,7 +97,7 @@ def test_an_unknown_option_lists_the_options_the_docs_list(url: str, page: str, 
     joiner = "&" if "?" in url else "?"
     with pytest.raises(ValueError, match="did you mean 'ttl'") as parameter:
         asynclock.connect(f"{url}{joiner}tll=5")
-    assert listed(str(parameter.value)) == docs - {"on_event"}, str(parameter.value)
+    assert listed(str(parameter.value)) == docs - {"on_event", "require"}, str(parameter.value)
 
 
 @pytest.mark.parametrize("kind", ["redis", "cluster"])
