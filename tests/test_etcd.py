@@ -836,6 +836,27 @@ def etcd_auth() -> Iterator[EtcdServer]:
         server.cleanup()
 
 
+async def test_a_client_made_after_the_server_came_back_connects_at_once(etcd_fresh: EtcdServer) -> None:
+    """Another client's back-off is not a new client's: while one client of
+    this process rides out a server that is down, a new client made once the
+    server is back connects (gRPC would otherwise hand it the older client's
+    connection to the same address, still waiting out its back-off, and it
+    would be refused at once although the server answers)."""
+    async with asynclock.connect(etcd_fresh.url, ttl=TTL) as riding_out:
+        await riding_out.lock("kept").acquire(detached=True)
+        etcd_fresh.kill()
+        await asyncio.sleep(scaled(1))  # its connection is in back-off now
+        with pytest.raises(BackendUnavailable, match="refused"):
+            async with asynclock.connect(etcd_fresh.url, ttl=TTL, connect_timeout=scaled(2)):
+                pass
+        etcd_fresh.start()
+        async with asynclock.connect(etcd_fresh.url, ttl=TTL, connect_timeout=scaled(5)) as locks:
+            async with locks.lock("back") as lease:
+                assert lease.token is not None
+        async with riding_out.lock("back").acquire(timeout=scaled(10)):
+            pass  # and the older client is back too
+
+
 async def test_refused_credentials_raise_configuration_error(etcd_auth: EtcdServer) -> None:
     for url in (etcd_auth.url, f"etcd://root:wrong@{etcd_auth.hostport}"):
         with pytest.raises(ConfigurationError) as caught:

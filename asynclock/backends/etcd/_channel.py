@@ -31,6 +31,10 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_reconnect_backoff_ms", 500),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.enable_retries", 0),
+    # subchannels of this channel's own: gRPC shares them by address between channels otherwise,
+    # and a new client would inherit another's back-off from a server that was down (refused at
+    # once although the server is back)
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 
