@@ -361,9 +361,9 @@ def markdown(results: dict[str, Any]) -> str:
             " another waits behind it. By resign: from the leader's `resign()` to the next leader's start."
             f" By close: the leader's body is told to stop and its client closed with `aclose(drain={_f(drain, 0)})`"
             " at once, as a service stops; from the `aclose` call to the next leader's start (the closed candidate"
-            " comes back with a new client). A crash (a leader killed, frozen or cut off, which closes nothing)"
-            " leaves the next candidate waiting until the leader's lease runs out on the server: the last"
-            " column, which is the configured ttl, not measured)",
+            " comes back with a new client). A leader that stops without closing (frozen, cut off, or killed:"
+            " PostgreSQL alone ends a dead process's sessions at once) leads on the server until its lease"
+            " runs out: the last column is that lease, the configured ttl, not measured)",
             "",
             "| backend | ttl s | resigns | median ms | p99 ms | p99 / ttl | closes | median ms | p99 ms "
             "| crash: lease ms |",
