@@ -5,10 +5,11 @@ cancelled first (they raise :class:`LockLost`), and acquires still waiting
 end with ``BackendUnavailable``. ``aclose(drain=S)`` first stops taking new
 work (new acquires and queued waits end with ``RuntimeError("client is
 closing")``) and lets the bodies already running finish for up to ``S``
-seconds; the ones still running then are cancelled (``LockLost`` with
-``reason="closing"``). Either way every hold is then released by its
-identity, so each lock goes to its next waiter (and a leader's candidacy to
-the next candidate) within a round trip.
+seconds, with the releases of those that end (a lock goes to its next
+waiter before the connections close); the ones still running then are
+cancelled (``LockLost`` with ``reason="closing"``). Either way every hold
+is then released by its identity, so each lock goes to its next waiter (and
+a leader's candidacy to the next candidate) within a round trip.
 
 A client that is never closed is closed when its loop shuts down
 (``asyncio.run`` returning or raising): the core registers an async
@@ -109,7 +110,8 @@ async def _drain(core: Core, drain: float) -> None:
     while not core.closed:
         running = [lease for lease in keeper.holds() if lease._bodies()]
         left = deadline - loop.time()
-        if not running or left <= 0:
+        # (a body that ended has its release under way: it hands the lock over before the connections close)
+        if not (running or core.releasing) or left <= 0:
             break
         core.body_left = asyncio.Event()
         with contextlib.suppress(TimeoutError):

@@ -98,6 +98,7 @@ class Core:
         "keeper",
         "loop_end",
         "notifies",
+        "releasing",
         "ttl",
     )
 
@@ -120,8 +121,10 @@ class Core:
         self.closed = False
         # a drain is under way: new acquires and queued waits end with RuntimeError("client is closing")
         self.closing = False
-        # set while a drain waits, when a body under a lease of this client ends
+        # set while a drain waits, when a body under a lease of this client ends or a release returns
         self.body_left: asyncio.Event | None = None
+        # releases under way (``release``): a drain waits for them before the connections close
+        self.releasing = 0
         # releases under way in the background (an abandoned or lost hold): a close at the
         # loop's end does again those that the loop's shutdown cancelled
         self.giving_back: dict[Lease, asyncio.Task[Any]] = {}
@@ -263,7 +266,7 @@ class Core:
         self.holds.add(lease)
 
     def body_ended(self) -> None:
-        """A body under one of this client's leases ended (a drain waits for them)."""
+        """A body under one of this client's leases ended, or a release returned (a drain waits for them)."""
         if self.body_left is not None:
             self.body_left.set()
 
@@ -315,6 +318,7 @@ class Core:
         if lease._bodies() and lease.owner != current_owner():
             lease._cancel_bodies()  # released from another task: the bodies that held it no longer do
         held_s = lease._held_for() if self.events.callback is not None else None
+        self.releasing += 1
         try:
             released = await release_by_identity(self.backend, lease, raise_errors=True, deadlines=self.deadlines)
         except asyncio.CancelledError:
@@ -323,6 +327,9 @@ class Core:
             # out already is harmless.
             self.give_back(lease)
             raise
+        finally:
+            self.releasing -= 1
+            self.body_ended()
         if not released:
             lease._release_refused("the server no longer had this hold at release (expired or taken)")
             raise NotHeld(lease.name, "the lease had expired or been taken before release")

@@ -243,6 +243,8 @@ class Election:
         Yields the current leader first (None while nobody leads), then the
         new one after each change: a resign, a loss (a leader whose process
         died is seen gone when the server drops its hold), a first candidate.
+        A hand-over to a candidate in line (a resign, a drained close) is one
+        change, with no None between the two leaders.
         No polling and no candidacy needed. Where the backend reports every
         change (memory://, etcd's watch while it lasts) every term is seen;
         where it reports only that something changed (ZooKeeper's watches,

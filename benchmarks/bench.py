@@ -61,12 +61,13 @@ class Plan:
     watchdog_ttl: float
     watchdog_periods: int
     repeats: int  # contended runs per subject, in passes over all subjects; the best by throughput is kept
-    terms: int  # leader hand-overs measured per backend and ttl
+    terms: int  # leader hand-overs by resign measured per backend and ttl
     election_ttls: tuple[float, ...]
+    closes: int  # leader hand-overs by a drained close measured per backend and ttl
 
 
-FULL = Plan(2000, 5, 50, 8, 4, 2.5, 0.001, (8, 64), 1.5, (1000, 10000), 3.0, 3, 2, 200, (2.0, 10.0))
-QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2, 1, 20, (2.0,))
+FULL = Plan(2000, 5, 50, 8, 4, 2.5, 0.001, (8, 64), 1.5, (1000, 10000), 3.0, 3, 2, 200, (2.0, 10.0), 100)
+QUICK = Plan(100, 2, 10, 8, 2, 0.6, 0.001, (8, 32), 0.5, (1000,), 1.5, 2, 1, 20, (2.0,), 10)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -513,10 +514,14 @@ async def connections(subjects: list[Subject], servers: Servers, skipped: dict[s
 
 #: Candidates taking turns in the hand-over scenario, each with a client (a session) of its own.
 CANDIDATES = 3
+#: ``aclose(drain=...)`` of a leader's client: its body ends as soon as it is told to stop, so a
+#: hand-over that waited for the drain to run out would show as a gap of this many seconds.
+DRAIN = 5.0
 
 
 async def election(servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:
-    """Leader hand-over: how long after a leader's resign the next candidate's term starts, per ttl."""
+    """Leader hand-over: how long after a leader's resign, or after its client's drained close
+    began, the next candidate's term starts, per ttl."""
     import asynclock
 
     out: dict[str, Any] = {}
@@ -537,6 +542,13 @@ async def election(servers: Servers, plan: Plan, skipped: dict[str, str]) -> dic
             except Exception as exc:  # noqa: BLE001 - reported in the table
                 skipped[f"election:{key}"] = f"failed: {exc!r}"[:200]
                 log(f"election {key} failed: {exc!r}")
+                continue
+            log(f"election: {key}, {plan.closes} hand-overs by aclose(drain={DRAIN:g})")
+            try:
+                out[key].update(await _closing_handovers(asynclock, url, ttl, plan))
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                skipped[f"election-close:{key}"] = f"failed: {exc!r}"[:200]
+                log(f"election by close {key} failed: {exc!r}")
     return out
 
 
@@ -578,6 +590,88 @@ async def _handovers(asynclock: Any, url: str, ttl: float, plan: Plan) -> dict[s
         "p99_ms": p99,
         "p99_share_of_ttl": p99 / 1000 / ttl,
     }
+
+
+async def _closing_handovers(asynclock: Any, url: str, ttl: float, plan: Plan) -> dict[str, Any]:
+    """Candidates lead in turn, each on a client of its own, which it closes with a drain while its
+    body runs; from the ``aclose`` call to the next term's start. A candidate whose client was
+    closed comes back with a new one, at the end of the line."""
+    starts: list[float] = []
+    closes: list[float] = []
+    enough = asyncio.Event()
+    prefix = f"closing{int(ttl * 1000)}"
+
+    async def candidate(index: int) -> None:
+        while not enough.is_set():
+            locks = asynclock.connect(url, ttl=ttl, prefix=prefix)
+            try:
+                await locks.open()
+                await _lead_then_close(
+                    locks, locks.election("bench", identity=f"candidate-{index}"), starts, closes, plan
+                )
+            finally:
+                await locks.aclose()
+            if len(closes) >= plan.closes:
+                enough.set()
+
+    tasks = [asyncio.create_task(candidate(index)) for index in range(CANDIDATES)]
+    try:
+        async with asyncio.timeout(60 + plan.closes):
+            await enough.wait()
+            while len(starts) <= len(closes):  # the last close's next term
+                failed = [task for task in tasks if task.done()]
+                if failed:
+                    await failed[0]
+                await asyncio.sleep(0.001)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    gaps = [(start - closed) * 1000 for closed, start in zip(closes, starts[1:], strict=False)]
+    return {
+        "closes": len(gaps),
+        "close_median_ms": statistics.median(gaps),
+        "close_p99_ms": percentile(gaps, 99),
+        "drain": DRAIN,
+    }
+
+
+async def _lead_then_close(locks: Any, election: Any, starts: list[float], closes: list[float], plan: Plan) -> None:
+    """Wait to lead, lead ``plan.hold`` seconds and until another candidate waits behind, then stop
+    as a service does: its body is told to stop, and its client closed with a drain at once, which
+    waits for the body to end and hands leadership over."""
+    leading, stop = asyncio.Event(), asyncio.Event()
+
+    async def lead() -> None:
+        async with election.leadership():
+            starts.append(time.monotonic())
+            leading.set()
+            await stop.wait()  # the service's work, until it is told to stop
+
+    body = asyncio.create_task(lead())
+    try:
+        led = asyncio.create_task(leading.wait())
+        await asyncio.wait({body, led}, return_when=asyncio.FIRST_COMPLETED)
+        led.cancel()
+        if body.done():
+            await body  # (raises what ended it)
+            return
+        await asyncio.sleep(plan.hold)
+        await _in_line(election)  # (a hand-over, not a wait for the next candidate to come)
+        closes.append(time.monotonic())
+        stop.set()
+        await locks.aclose(drain=DRAIN)
+        await body
+    finally:
+        body.cancel()
+        await asyncio.gather(body, return_exceptions=True)
+
+
+async def _in_line(election: Any) -> None:
+    """Return once a candidate waits behind this one (the server's count; checked every millisecond)."""
+    async with asyncio.timeout(30):
+        while (await election.info()).waiters < 1:
+            await asyncio.sleep(0.001)
 
 
 async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skipped: dict[str, str]) -> dict[str, Any]:

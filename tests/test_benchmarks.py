@@ -90,12 +90,22 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
     row = handover["asynclock-memory:2"]
     assert row["handovers"] == 20 and 0 < row["median_ms"] <= row["p99_ms"]
     assert row["p99_share_of_ttl"] == row["p99_ms"] / 1000 / row["ttl"]
+    # and the hand-overs by a drained close, each from the aclose call to the next term's start
+    for key in ("asynclock-memory:2", "asynclock-redis:2"):
+        row = handover[key]
+        assert row["closes"] == results["plan"]["closes"] == 10 and row["drain"] == 5.0
+        assert 0 < row["close_median_ms"] <= row["close_p99_ms"]
+        assert row["close_p99_ms"] < row["drain"] * 1000, "a hand-over waited for the drain to run out"
+    assert "| crash: lease ms |" in proc.stdout and "aclose(drain=5)" in proc.stdout
     # a backend without elections gets a row that says so (one with them, its measured rows)
     assert handover.get("asynclock-redis") == {"elections": False} or "asynclock-redis:2" in handover
 
     targets = {t["target"]: t for t in results["targets"]}
     assert targets["asynclock redis://: uncontended acquire+release / raw floor"]["met"] in (True, False)
     assert targets["ZooKeeper uncontended acquire+release / raw floor"]["met"] is None  # not run here
+    gap = "leaderless gap of a hand-over by aclose(drain), p99"
+    assert targets[f"asynclock redis://: {gap}"]["value"] == handover["asynclock-redis:2"]["close_p99_ms"]
+    assert targets[f"asynclock zk://: {gap}"]["met"] is None  # not run here
 
 
 @pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL not installed")
@@ -199,6 +209,15 @@ def test_verdict_fails_the_run_only_on_a_measured_miss() -> None:
     unc["asynclock-redis"]["commands"]["del"] = 0.5
     by_name = {c["target"]: c for c in report.targets({"uncontended": unc})}
     assert by_name["asynclock redis://: server commands per uncontended pair"]["met"] is False
+
+    # the leaderless gap of a drained close: the worst p99 of a backend's ttls, 50 ms at most
+    gap = "asynclock postgresql://: leaderless gap of a hand-over by aclose(drain), p99"
+    election = {"asynclock-postgres:2": {"close_p99_ms": 12.0}, "asynclock-postgres:10": {"close_p99_ms": 9.0}}
+    by_name = {c["target"]: c for c in report.targets({"election": election})}
+    assert (by_name[gap]["value"], by_name[gap]["met"]) == (12.0, True)
+    election["asynclock-postgres:10"]["close_p99_ms"] = 1000.0  # (a hand-over that waited for a poll)
+    status, summary = report.verdict(report.targets({"election": election}))
+    assert status == 1 and gap in summary
 
     # connections count only when every lock was held: a refused hold takes none, so it cannot pass
     partial = {"connections": {"hold_many": {"asked": 1000, "held": 990, "connections": 2}}}

@@ -6,8 +6,10 @@ Candidates wait in line and lead one at a time with increasing tokens; a
 resign ends the body quietly and hands leadership on at once (not after a
 ttl); a loss cancels the body with LockLost; cancelled and abandoned
 candidates leave nothing behind; ``leader()`` and ``observe()`` need no
-candidacy; a leader's process killed or frozen is replaced, after its ttl,
-by a candidate with a larger token (and the frozen one finds its term lost);
+candidacy; a graceful hand-over (a resign, a drained close) to a candidate
+in line is seen by an observer as one change, here on ZooKeeper too; a
+leader's process killed or frozen is replaced, after its ttl, by a
+candidate with a larger token (and the frozen one finds its term lost);
 backends without elections refuse before any I/O.
 """
 
@@ -309,6 +311,68 @@ async def test_observe_sees_a_leader_lost_without_resigning(elect_harness: Harne
     with pytest.raises(LockLost):
         await leader.task
     await changes.aclose()  # type: ignore[attr-defined]
+
+
+#: how a leader hands over in the test below: by resign(), or by closing its client with a drain
+#: while its body runs (the body ends by itself once told, or the drain runs out and cancels it)
+HAND_OVERS = ["resign", "aclose-body-ends", "aclose-drain-runs-out"]
+
+
+@pytest.mark.parametrize("how", HAND_OVERS)
+@pytest.mark.parametrize("elect_harness", [*ELECTING, "zookeeper"], indirect=True)
+async def test_observe_sees_a_graceful_hand_over_as_one_change(elect_harness: Harness, how: str) -> None:
+    """With B in line already, A hands over: an observer that is reading all along sees A,
+    then B, and never a "nobody leads" in between (the server hands the lead over in the
+    operation that ends A's term, or tells observers that it does)."""
+    ttl = scaled(10)  # (nothing may wait for an expiry here)
+    watcher, a, b = (elect_harness.connect(ttl=ttl) for _ in range(3))
+    seen: list[asynclock.Leader | None] = []
+    changed = asyncio.Event()
+
+    async def follow() -> None:
+        async for leader in watcher.election("e").observe():
+            seen.append(leader)
+            changed.set()
+
+    async def next_seen(count: int) -> None:
+        async with asyncio.timeout(scaled(5)):
+            while len(seen) < count:
+                changed.clear()
+                await changed.wait()
+
+    follower = asyncio.create_task(follow())
+    await next_seen(1)
+    first = Candidate(a.election("e", identity="a"), resign=how == "resign")
+    term_a = await first.leads()
+    await next_seen(2)
+    second = Candidate(b.election("e", identity="b"))
+    await in_line(watcher.election("e"), 1)
+    if how == "resign":
+        first.go.set()
+    elif how == "aclose-body-ends":
+        first.go.set()  # (a service's stop signal: its body ends while the drain waits for it)
+        await a.aclose(drain=scaled(5))
+    else:
+        await a.aclose(drain=0.05)
+    term_b = await second.leads(within=PROMPT)
+    await next_seen(3)
+    await asyncio.sleep(scaled(0.1))  # (a change seen late would be seen by now)
+    assert [None if leader is None else (leader.identity, leader.token) for leader in seen] == [
+        None,
+        ("a", term_a.token),
+        ("b", term_b.token),
+    ], "A's hand-over to B was seen as one change"
+    if how == "aclose-drain-runs-out":
+        with pytest.raises(LockLost) as lost:
+            await first.task
+        assert lost.value.loss is asynclock.LossReason.CLOSING
+    else:
+        await first.task
+    second.go.set()
+    await second.task
+    follower.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await follower
 
 
 async def test_observe_ends_when_the_client_is_closed(elect_harness: Harness) -> None:

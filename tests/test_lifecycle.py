@@ -246,6 +246,33 @@ async def test_aclose_with_drain_lets_a_body_finish_in_time_and_cancels_one_that
         locks.lock("after")
 
 
+async def test_aclose_with_drain_waits_for_the_release_of_the_last_body_to_end(harness: Harness) -> None:
+    """The last body ends while the drain waits for it (a service's stop signal reached it):
+    its release goes out before the client's connections close, so the body's ``async with``
+    raises nothing and a waiter elsewhere gets the lock at once, not after the 10 s ttl."""
+    locks = harness.connect(ttl=scaled(10))
+    other = harness.connect(ttl=scaled(10))
+    stop = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def body() -> str:
+        async with locks.lock("handed"):
+            entered.set()
+            await stop.wait()
+        return "done"
+
+    task = asyncio.create_task(body())
+    await asyncio.wait_for(entered.wait(), scaled(5))
+    waiter = asyncio.create_task(other.lock("handed").acquire(timeout=scaled(30), detached=True))
+    await asyncio.sleep(scaled(0.1))
+    assert not waiter.done()
+    stop.set()
+    await asyncio.wait_for(locks.aclose(drain=scaled(5)), scaled(10))
+    assert await task == "done"
+    lease = await asyncio.wait_for(waiter, scaled(0.5))
+    await lease.release()
+
+
 async def _held_elsewhere(other: asynclock.Locks, name: str) -> bool:
     return (await other.lock(name).info()).owner is not None
 

@@ -3,10 +3,12 @@
 A leader whose session is ended (``pg_terminate_backend``) is replaced by the
 next candidate within a request window, its body ends with LockLost, and
 observers see the change without waiting for a ttl, also with nobody in line;
-the row a dead leader leaves is not reported as the leader, not even while
-somebody holds the election's key without a row; a role that may not create
-the leaders table (or write it) gets ConfigurationError at once; terms'
-tokens keep increasing across a server crash.
+a hand-over announced to observers that does not come is seen as nobody
+after the window it named; the row a dead leader leaves is not reported as
+the leader, not even while somebody holds the election's key without a
+row; a role that may not create the leaders table (or write it) gets
+ConfigurationError at once; terms' tokens keep increasing across a server
+crash.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import asynclock
 from asynclock import ConfigurationError, LockLost
 from asynclock.backends.postgres import FLOOR, election_key
+from asynclock.backends.postgres._keys import election_channel
 from tests.harnesses import insides
 from tests.harnesses.postgres import PostgresHarness, password_role, tokens_from
 from tests.servers import scaled
@@ -118,6 +121,35 @@ async def test_a_leader_lost_with_nobody_in_line_is_seen_gone_before_its_ttl(pg:
     assert await asyncio.wait_for(anext(changes), PROMPT) is None
     with pytest.raises(LockLost):
         await asyncio.wait_for(leading.task, PROMPT)
+    await changes.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_hand_over_that_does_not_come_is_seen_as_nobody_after_the_window_it_named(
+    pg: PostgresHarness,
+) -> None:
+    """A resign with a candidate in line tells observers that the next leader is coming
+    (``next <s>``): they wait for its row's notification instead of reading at once, but not
+    for ever. Here the notification comes from an administrator, with the leader's row
+    deleted, and no new leader follows: the observer looks again after the window and sees
+    that nobody leads (with nobody in line it would otherwise wait for the 30 s ttl)."""
+    a, watcher = pg.connect(ttl=LONG_TTL), pg.connect(ttl=LONG_TTL)
+    changes = watcher.election("e").observe()
+    assert await anext(changes) is None
+    leading = Leading(a.election("e", identity="a"))
+    await leading.leads()
+    assert (await asyncio.wait_for(anext(changes), PROMPT)).identity == "a"  # type: ignore[union-attr]
+    key = election_key(pg.prefix, "e")
+    admin = await pg.admin()
+    loop = asyncio.get_running_loop()
+    async with admin.transaction():
+        await admin.execute(f'DELETE FROM "{pg.prefix}_fence_leaders" WHERE k1 = $1 AND k2 = $2', *key)
+        await admin.execute("SELECT pg_notify($1, 'next 0.3')", election_channel(key))
+        told = loop.time()
+    assert await asyncio.wait_for(anext(changes), PROMPT) is None
+    assert loop.time() - told >= 0.2, "the observer waited for the next leader's news first"
+    leading.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await leading.task
     await changes.aclose()  # type: ignore[attr-defined]
 
 

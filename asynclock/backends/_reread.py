@@ -25,7 +25,9 @@ class RereadWatch:
     first read), :meth:`_leave` (stop, without I/O) and :meth:`_read` (the
     leader now, and in how many seconds to look again even if nothing
     wakes the watch; None: only when woken). Changes that begin and end
-    between two reads are seen as one.
+    between two reads are seen as one. A change announced as under way
+    (:meth:`look_within`) is not read half done: the read waits for the
+    news of its end, or a deadline.
     """
 
     def __init__(self) -> None:
@@ -33,12 +35,23 @@ class RereadWatch:
         self._stale = True
         self._event: asyncio.Event | None = None
         self._again_at: float | None = None
+        self._soon_at: float | None = None
 
     def wake(self) -> None:
         """Something changed, or news of a change may have been missed: read again."""
         self._stale = True
         if self._event is not None:
             self._event.set()
+
+    def look_within(self, seconds: float) -> None:
+        """A change is under way whose end wakes the watch (a leader handing over to the
+        candidate in line): no read now, which would see it half done, but one ``seconds``
+        from now if nothing woke the watch by then."""
+        at = asyncio.get_running_loop().time() + seconds
+        if self._soon_at is None or at < self._soon_at:
+            self._soon_at = at
+            if self._event is not None:
+                self._event.set()  # (the wait takes the nearer deadline)
 
     async def next(self) -> Leader | None:
         """The leader after the next change (the current one on the first call)."""
@@ -51,12 +64,14 @@ class RereadWatch:
         event = self._event
         while not self._stale:
             event.clear()
+            again, soon = self._again_at, self._soon_at
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(self._again_at):
+                async with asyncio.timeout_at(again if soon is None or (again is not None and again < soon) else soon):
                     await event.wait()
             if not event.is_set():
                 self._stale = True  # the read's deadline: a change nobody announces may have happened
         self._stale = False
+        self._soon_at = None
         try:
             leader, again = await self._read()
         except BaseException:

@@ -34,19 +34,26 @@ increasing across a crash). What an election adds:
   listening session, best effort). With candidates in line, a leader whose
   session ended silently is followed within a request window: the first
   candidate looks again at that pace (``_queue``), and its grant notifies.
+* A resign with a live candidate in line is a hand-over: the release after
+  it wakes that candidate, whose grant and row follow within a few round
+  trips. Its delete notifies ``next <s>`` instead of ``gone``, and observers
+  do not read then (they would see nobody lead for those round trips) but
+  wait for the new row's notification, or ``s`` seconds (a request window
+  of the leader's ttl) if it does not come. So a graceful hand-over is seen
+  as one change, from the old leader to the new.
 
 An observer (:class:`PostgresLeaderWatch`) LISTENs on the channel on its
 client's listening session and reads the row in the same turn of that
 session, so the LISTEN is in effect before the read; it reads again after
-each notification and after its listening session was opened again
-(notifications may have been missed meanwhile). A session that ends sends
-nothing, so when the leader's process dies (no client left to notify) with
-nobody in line, an observer looks again one of the leader's ttl after its
-read: the read says how many candidates wait, and with some in line it
-waits for a notification only (and looks again after ``BACKSTOP`` ttl, in
-case they all left meanwhile). Terms that begin and end between two reads
-are seen as one change; a leader's ``since`` is when it wrote its row,
-by the server's clock.
+each notification (but a hand-over's, above) and after its listening
+session was opened again (notifications may have been missed meanwhile).
+A session that ends sends nothing, so when the leader's process dies (no
+client left to notify) with nobody in line, an observer looks again one of
+the leader's ttl after its read: the read says how many candidates wait,
+and with some in line it waits for a notification only (and looks again
+after ``BACKSTOP`` ttl, in case they all left meanwhile). Terms that begin
+and end between two reads are seen as one change; a leader's ``since`` is
+when it wrote its row, by the server's clock.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from typing import Any
 import asyncpg
 
 from ..._errors import LockError
+from ..._timing import request_window
 from ..._values import Leader
 from ...abc import LockRef
 from .._background import Background
@@ -134,8 +142,11 @@ class Elections:
         if term is None or token is None:
             return
         state = record.state
+        channel = election_channel(state.key)
+        # (observers told of a hand-over look anyway if the next leader's row has not come in a request window)
+        within = f"{request_window(record.ttl):.3f}"
         await self._requests.run(
-            session, record.ttl, _fetchval, self._sql.retire, *state.key, token, *term, election_channel(state.key)
+            session, record.ttl, _fetchval, self._sql.retire, *state.key, token, *term, channel, within
         )
         record.term = None
         state.terms.discard(term)
@@ -200,15 +211,31 @@ class Elections:
             if not watches:
                 del self._watches[watch.channel]
 
-    def _notified(self, _conn: Any, _pid: int, channel: str, _payload: str) -> None:
+    def _notified(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
+        within = _handing_over(payload)
         for watch in list(self._watches.get(channel, ())):
-            watch.wake()
+            if within is None:
+                watch.wake()
+            else:
+                watch.look_within(within)
 
     def wake_all(self) -> None:
         """The listening session ended (notifications may be missed): every observer reads again."""
         for watches in list(self._watches.values()):
             for watch in list(watches):
                 watch.wake()
+
+
+def _handing_over(payload: str) -> float | None:
+    """A resign's notification that a candidate in line is next ('next <s>'): within how many
+    seconds to look if its row has not come; None for any other notification (look now)."""
+    kind, _, within = payload.partition(" ")
+    if kind != "next":
+        return None
+    try:
+        return float(within)
+    except ValueError:
+        return None
 
 
 class PostgresLeaderWatch(RereadWatch):

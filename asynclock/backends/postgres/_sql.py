@@ -367,11 +367,17 @@ ANNOUNCE = """
 """
 
 #: A resign: the leader's row (of its token only: a later leader's stays), its term key, the
-#: notification; the election's key is let go of by the lock's release after it.
-#: $1, $2 election key; $3 token; $4, $5 term key; $6 channel. Returns (deleted).
-RETIRE = """
-    WITH gone AS (DELETE FROM {leaders} WHERE k1 = $1 AND k2 = $2 AND token = $3 RETURNING 1)
-    SELECT (SELECT count(*) FROM gone)::int, pg_advisory_unlock($4::int4, $5::int4), pg_notify($6, 'gone')
+#: notification; the election's key is let go of by the lock's release after it, which wakes
+#: the first live candidate in line. With one in line the notification says so ('next <s>': the
+#: next leader's row comes with a notification of its own, look anyway after s seconds), so
+#: observers see one change, to the next leader; else 'gone'. $1, $2 election key; $3 token;
+#: $4, $5 term key; $6 channel; $7 the seconds (text). Returns (deleted).
+RETIRE = f"""
+    WITH gone AS (DELETE FROM {{leaders}} WHERE k1 = $1 AND k2 = $2 AND token = $3 RETURNING 1)
+    SELECT (SELECT count(*) FROM gone)::int, pg_advisory_unlock($4::int4, $5::int4),
+           pg_notify($6, CASE WHEN EXISTS (
+               SELECT 1 FROM {{queue}} q WHERE q.k1 = $1 AND q.k2 = $2 AND {LIVE.format(ls1="NULL", ls2="NULL")}
+           ) THEN 'next ' || $7::text ELSE 'gone' END)
 """
 
 #: The row of an election, whether it is live (one session holds its term key and the
@@ -504,7 +510,7 @@ class Statements:
         self.permits_row = PERMITS_ROW.format(table=table)
         self.record_permits = RECORD_PERMITS.format(table=table)
         self.announce = ANNOUNCE.format(leaders=leaders)
-        self.retire = RETIRE.format(leaders=leaders)
+        self.retire = RETIRE.format(leaders=leaders, queue=queue)
         self.leader = LEADER.format(leaders=leaders, queue=queue)
         #: The token sequence's reseeding and draw (None: tokens from the table).
         seq = None if sequence is None else sequence.replace("'", "''")
