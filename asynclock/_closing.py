@@ -107,8 +107,10 @@ async def _drain(core: Core, drain: float) -> None:
         return
     loop = asyncio.get_running_loop()
     deadline = loop.time() + drain
+    me = current_owner()
     while not core.closed:
-        running = [lease for lease in keeper.holds() if lease._bodies()]
+        # (the closing task's own bodies cannot end while it waits here: they are not waited for)
+        running = [lease for lease in keeper.holds() if lease._bodies() and lease.owner != me]
         left = deadline - loop.time()
         # (a body that ended has its release under way: it hands the lock over before the connections close)
         if not (running or core.releasing) or left <= 0:
@@ -118,7 +120,6 @@ async def _drain(core: Core, drain: float) -> None:
             async with asyncio.timeout(left):
                 await core.body_left.wait()
     core.body_left = None
-    me = current_owner()
     for lease in keeper.holds():
         if lease._bodies():
             lease._close(DRAIN_ENDED, spare_owner=me, loss=LossReason.CLOSING)

@@ -273,6 +273,35 @@ async def test_aclose_with_drain_waits_for_the_release_of_the_last_body_to_end(h
     await lease.release()
 
 
+async def test_aclose_with_drain_from_inside_a_body_does_not_wait_for_that_body(harness: Harness) -> None:
+    """The task that closes its client from inside its own ``async with`` cannot
+    finish that body while it waits: the drain waits for the other bodies only
+    (a long drain returns as soon as they end), and the closing body itself is
+    told at its block's end, with LockLost(reason="closing")."""
+    locks = harness.connect(ttl=scaled(10))
+    other_done = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def other_body() -> None:
+        async with locks.lock("other"):
+            entered.set()
+            await asyncio.sleep(scaled(0.3))
+        other_done.set()
+
+    task = asyncio.create_task(other_body())
+    await asyncio.wait_for(entered.wait(), scaled(5))
+    loop = asyncio.get_running_loop()
+    with pytest.raises(LockLost) as lost:
+        async with locks.lock("mine"):
+            started = loop.time()
+            await locks.aclose(drain=scaled(30))
+            took = loop.time() - started
+            assert other_done.is_set()  # the other body was let finish
+    assert lost.value.loss is LossReason.CLOSING
+    assert took < scaled(10), took  # not the whole drain, waiting for itself
+    await task
+
+
 async def _held_elsewhere(other: asynclock.Locks, name: str) -> bool:
     return (await other.lock(name).info()).owner is not None
 
