@@ -67,11 +67,19 @@ class MySQLHarness(Harness):
         return self._admin
 
     async def query(self, statement: str, args: Any = None) -> tuple[tuple[Any, ...], ...]:
-        """Rows of ``statement`` on the admin connection."""
-        cursor = (await self.admin()).cursor()
-        await cursor.execute(statement, args)
-        rows: tuple[tuple[Any, ...], ...] = await cursor.fetchall()
-        return rows
+        """Rows of ``statement`` on the admin connection (a new one if the server closed it)."""
+        for attempt in (1, 2):
+            try:
+                cursor = (await self.admin()).cursor()
+                await cursor.execute(statement, args)
+                rows: tuple[tuple[Any, ...], ...] = await cursor.fetchall()
+                return rows
+            except (asyncmy.errors.OperationalError, asyncmy.errors.InterfaceError) as exc:
+                if attempt == 2 or not (isinstance(exc, asyncmy.errors.InterfaceError) or exc.args[0] in (2006, 2013)):
+                    raise
+                self._admin.close()
+                self._admin = None
+        raise AssertionError("unreachable")
 
     async def holder_id(self, key: str) -> int | None:
         """The connection id of the session holding ``key`` (None: free)."""

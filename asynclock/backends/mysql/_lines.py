@@ -14,8 +14,9 @@ holder); the session now holds the lock, and the line waits on another.
 
 A semaphore's line waits on each of its slot keys at once (a session per
 slot): the first slot released goes to the first waiter, the next to the
-next. Statements wait ``CHUNK`` seconds at most and are sent again while the
-line is not empty, so a server that stops answering is found out.
+next. Statements wait the line's longest ttl (between 1 s and ``CHUNK``) and
+are sent again while the line is not empty, so that a server that stops
+answering is found out: the waiters then raise BackendUnavailable.
 
 A waiter that leaves (its caller gave up, or was cancelled) leaves the line
 at once; when nobody is left, the waits are ended with ``KILL QUERY`` from
@@ -36,10 +37,17 @@ from ._hold import Hold, KeyState, Line, Session, Taker, first_waiting
 from ._requests import Requests
 from ._sql import SET_TIMEOUT
 
-__all__ = ["CHUNK", "Lines"]
+__all__ = ["CHUNK", "Lines", "chunk"]
 
-#: The longest a statement waits in GET_LOCK before it is sent again, in seconds.
+#: The longest a statement waits in GET_LOCK before it is sent again, in seconds: the line's
+#: longest ttl, between 1 and this. (A server that stops answering is found out after that and a
+#: request window: a blocked GET_LOCK cannot be told from a silent server before.)
 CHUNK = 30.0
+
+
+def chunk(ttl: float) -> float:
+    """How long one wait statement of a line whose longest ttl is ``ttl`` waits in the server."""
+    return min(max(ttl, 1.0), CHUNK)
 
 
 class Lines:
@@ -158,7 +166,7 @@ class Lines:
                     await self._requests.execute(session, SET_TIMEOUT, (timeout,), ttl)
                     session.timeout = timeout
                 try:
-                    token = await taker.wait_take(session, key, head, CHUNK)
+                    token = await taker.wait_take(session, key, head, chunk(ttl))
                 except ValueError as exc:  # for ``head`` alone: it leaves the line with it
                     self._fail_one(head, exc)
                     continue

@@ -193,7 +193,9 @@ class Sessions:
         try:
             if session.gone:
                 return False
-            watch = self.loop.call_later(request_window(ttl), self.silence, session)
+            # (bounded by the ttl, not a request window: the watchdog loses the holds by their
+            # deadline first, and keeps trying until then, as for a server that is slow a moment)
+            watch = self.loop.call_later(ttl, self.silence, session)
             try:
                 await session.conn.ping(reconnect=False)
             finally:
