@@ -52,6 +52,8 @@ class MariaDBServer(ServerProcess):
         self.install_db, self.server_bin, self.client_bin = binaries
         self.port = port or free_port()
         self.data_dir = self.workdir / "data"
+        #: the server's temporary files: its own (bootstraps running at once in /tmp clash)
+        self.tmp_dir = self.workdir / "tmp"
         self.socket_path = self.workdir / "mariadb.sock"
         self.extra = list(extra)
         self._as_root = ["--user=root"] if os.geteuid() == 0 else []
@@ -62,12 +64,14 @@ class MariaDBServer(ServerProcess):
             raise
 
     def _install(self) -> None:
+        self.tmp_dir.mkdir(exist_ok=True)
         args = [
             self.install_db,
             "--no-defaults",
             f"--datadir={self.data_dir}",
             "--auth-root-authentication-method=normal",
             "--skip-test-db",
+            f"--tmpdir={self.tmp_dir}",
             *self._as_root,
         ]
         result = subprocess.run(
@@ -89,6 +93,7 @@ class MariaDBServer(ServerProcess):
             "--no-defaults",
             *self._as_root,
             f"--datadir={self.data_dir}",
+            f"--tmpdir={self.tmp_dir}",
             f"--socket={self.socket_path}",
             f"--port={self.port}",
             "--bind-address=127.0.0.1",

@@ -75,28 +75,27 @@ class Lines:
         self._start(state, line)
 
     async def wait(self, record: Hold, until: float | None) -> Acquired | Queued:
-        """Wait for ``record``'s grant, at most until the loop time ``until``."""
+        """Wait for ``record``'s grant, at most until the loop time ``until``.
+
+        A wait that failed (its session closed, the server went away) raises
+        its error here once; the next call waits again (``record`` is still in line).
+        """
         line = record.state.line
         granted = record.granted_at
         if granted is None or line is None:
             raise self._requests.errors.unavailable("the backend is closed")
         if not granted.done():
             self._start(record.state, line)
-            try:
-                if until is None:
-                    await asyncio.shield(granted)
-                else:
-                    async with asyncio.timeout_at(until):
-                        await asyncio.shield(granted)
-            except TimeoutError:
-                if not granted.done():
-                    return Queued(None)
+            timeout = None if until is None else max(0.0, until - self.loop.time())
+            await asyncio.wait((granted,), timeout=timeout)  # (never cancels ``granted``)
+            if not granted.done():
+                return Queued(None)
         if granted.cancelled():
             raise self._requests.errors.unavailable("the wait was given up")
         error = granted.exception()
         if error is not None:
             if record.queued:
-                record.granted_at = self.loop.create_future()  # still in line: the next call waits again
+                record.granted_at = self.loop.create_future()  # (the next call waits again)
             raise error
         return Acquired(record.token, confirmed_at=granted.result())
 
@@ -223,14 +222,13 @@ class Lines:
             return
         record.queued = False
         line.count -= 1
-        if record.granted_at is not None and not record.granted_at.done():
-            record.granted_at.set_exception(exc)
+        _fail(record.granted_at, exc)
 
     def _fail_all(self, line: Line, exc: BaseException) -> None:
         """The line's wait failed: every waiter is told (each stays in line; the front calls again)."""
         for record in line.waiters:
-            if record.queued and record.granted_at is not None and not record.granted_at.done():
-                record.granted_at.set_exception(exc)
+            if record.queued:
+                _fail(record.granted_at, exc)
 
     def _forget(self, state: KeyState) -> None:
         line = state.line
@@ -245,3 +243,10 @@ class Lines:
 def _waiting(record: Hold) -> bool:
     """Whether ``record`` waits in line for a grant that nobody has answered yet."""
     return record.queued and record.granted_at is not None and not record.granted_at.done()
+
+
+def _fail(granted: asyncio.Future[float] | None, exc: BaseException) -> None:
+    """Make ``granted`` raise ``exc`` for the waiter's next look (not reported if it never looks again)."""
+    if granted is not None and not granted.done():
+        granted.set_exception(exc)
+        granted.exception()  # (marked retrieved: a waiter that left meanwhile has nothing to be told)
