@@ -162,6 +162,17 @@ async def _waits(my: MySQLHarness, key: str, count: int) -> bool:
     return await waiting_sessions(my, key) == count
 
 
+async def test_names_lists_the_locks_held_under_the_prefix_by_any_client(my: MySQLHarness, cli: CliSession) -> None:
+    locks = my.connect(ttl=TTL)
+    long_name = "a name far longer than what GET_LOCK takes as it is, " * 2
+    assert await cli.ask(f"SELECT GET_LOCK('{my.prefix}:by-the-client', 0)") == "1"
+    assert await cli.ask(f"SELECT GET_LOCK('{my.prefix}x:another-prefix', 0)") == "1"
+    async with locks.lock("ours"), locks.lock(long_name):
+        # (ours from the fence table, the client's from the server's table of named locks)
+        assert await locks.backend.names() == sorted(["ours", long_name, "by-the-client"])  # type: ignore[attr-defined]
+    assert await locks.backend.names() == ["by-the-client"]  # type: ignore[attr-defined]
+
+
 # -- shared sessions, and the session as the lease -----------------------------------------
 
 

@@ -7,7 +7,9 @@ with ``--user=root``: the test files are root's). The tests connect as
 ``asynclock`` made at the first start; a test that wants a password, or a
 user short of a privilege, makes that user (:meth:`MariaDBServer.sql`).
 
-The server runs with ``innodb_flush_log_at_trx_commit=2`` by default: a
+The server loads the ``metadata_lock_info`` plugin (its table of named locks
+is how ``asynclock inspect`` lists the locks other clients hold) and runs
+with ``innodb_flush_log_at_trx_commit=2`` by default: a
 commit is written to the operating system at once (a killed server loses
 nothing) and flushed to disk once a second (only a machine's crash loses
 the last second: throwaway data). Pausing (SIGSTOP) freezes every thread of
@@ -107,6 +109,8 @@ class MariaDBServer(ServerProcess):
             "--max-connections=1000",
             "--max-connect-errors=100000",
             "--log-warnings=1",
+            # (information_schema.METADATA_LOCK_INFO: inspect lists the locks other clients hold)
+            "--plugin-load-add=metadata_lock_info",
             *self.extra,
         ]
 

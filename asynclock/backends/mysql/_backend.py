@@ -163,7 +163,7 @@ class MySQLBackend:
         try:
             await requests.execute(session, sql.exists, (), ADMIN_TIMEOUT)
         except LockError as exc:
-            if code(exc.__cause__) != _NO_TABLE:  # type: ignore[arg-type]
+            if exc.__cause__ is None or code(exc.__cause__) != _NO_TABLE:
                 raise
             await requests.execute(session, sql.create, (), ADMIN_TIMEOUT)
 

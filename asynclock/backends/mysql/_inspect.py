@@ -13,20 +13,25 @@ one session), and this client's own line in full; the process list shows
 the sessions of the server's other users only with the ``PROCESS``
 privilege.
 
-``names`` lists the plain locks with a row whose session holds them now:
-the locks asynclock clients took, not the keys other tools took.
+``names`` lists the plain locks with a row whose session holds them now
+(the locks asynclock clients took), and, where the server has a table of its
+named locks (MariaDB with its ``metadata_lock_info`` plugin, MySQL's
+``performance_schema.metadata_locks``), the keys under the prefix that other
+clients hold by the name as it is.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..._errors import LockError
 from ..._values import LockInfo
 from ...abc import LockRef
+from ._errors import code
 from ._hold import KeyState
 from ._keys import lock_key, marker
 from ._requests import Requests
-from ._sql import WAITERS
+from ._sql import LOCK_TABLES, WAITERS
 
 __all__ = ["Inspector"]
 
@@ -41,6 +46,8 @@ class Inspector:
         self._requests = requests
         self._keys = keys
         self._prefix = prefix
+        #: which of ``LOCK_TABLES`` the server has (None: not known yet; -1: neither)
+        self._lock_table: int | None = None
 
     async def _run(self, statement: str, args: Any) -> Any:
         """``statement``'s rows, on a session of the client's (in a task of its own)."""
@@ -90,7 +97,31 @@ class Inspector:
         return LockInfo(ref.name, name_key, holder, hold_count, None, waiting, int(token), (holder,))
 
     async def names(self) -> list[str]:
-        """Names of the plain locks under this client's prefix held by an asynclock client now."""
+        """Names of the plain locks under this client's prefix held now."""
         rows = await self._run(self._requests.sql.names, ())
         prefix = self._prefix
-        return sorted({str(name) for key, name in rows if lock_key(prefix, str(name)) == key})
+        found = {str(name) for key, name in rows if lock_key(prefix, str(name)) == key}
+        for key in await self._held_keys():
+            name = key[len(prefix) + 1 :]
+            if lock_key(prefix, name) == key:  # (a hashed key says nothing of its name)
+                found.add(name)
+        return sorted(found)
+
+    async def _held_keys(self) -> list[str]:
+        """Keys under the prefix held now, by the server's own table of named locks (none without one)."""
+        pattern = self._prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + ":%"
+        choices = range(len(LOCK_TABLES)) if self._lock_table is None else (self._lock_table,)
+        for choice in choices:
+            if choice < 0:
+                break
+            try:
+                rows = await self._run(LOCK_TABLES[choice], (pattern,))
+            except LockError as exc:
+                number = None if exc.__cause__ is None else code(exc.__cause__)
+                if self._lock_table is not None or number is None or number >= 2000:
+                    raise  # (the server or the connection failed, not the table)
+                continue  # (no such table here, or it may not be read)
+            self._lock_table = choice
+            return [str(key) for (key,) in rows]
+        self._lock_table = -1
+        return []

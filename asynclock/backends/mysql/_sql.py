@@ -30,6 +30,7 @@ __all__ = [
     "EXISTS",
     "INFO_LOCK",
     "LEADER",
+    "LOCK_TABLES",
     "NAMES",
     "OWNER",
     "PERMITS_ROW",
@@ -188,6 +189,16 @@ LEADER = """
 
 #: The plain locks with a row whose session holds them now. No parameters. Rows: key, name.
 NAMES = "SELECT k, name FROM {table} WHERE kind = 'l' AND conn = IS_USED_LOCK(k)"
+
+#: The server's own table of the named locks held now, where it has one: MariaDB's (with its
+#: ``metadata_lock_info`` plugin) and MySQL's (``performance_schema``). %s: a LIKE pattern of keys.
+#: Rows: key.
+LOCK_TABLES = (
+    "SELECT TABLE_SCHEMA FROM information_schema.METADATA_LOCK_INFO WHERE LOCK_TYPE = 'User lock'"
+    " AND TABLE_SCHEMA LIKE %s",
+    "SELECT OBJECT_NAME FROM performance_schema.metadata_locks WHERE OBJECT_TYPE = 'USER LEVEL LOCK'"
+    " AND LOCK_STATUS = 'GRANTED' AND OBJECT_NAME LIKE %s",
+)
 
 
 def info_slots(count: int) -> str:
