@@ -100,6 +100,12 @@ class MySQLBackend:
         """How many sessions may hold locks at once (waiting sessions come on top)."""
         return self._max_leases
 
+    @property
+    def connections(self) -> int:
+        """How many server connections the backend has open now (sessions holding, idle, or waiting)."""
+        parts = self._parts
+        return 0 if parts is None else len(parts.sessions)
+
     # -- keys -------------------------------------------------------------------------
 
     def check_kind(self, kind: Kind) -> None:

@@ -194,7 +194,10 @@ class Grants:
         """Give ``record`` up (or take it out of the line); True only if it held the lock.
         Runs in a task of its own."""
         state = record.state
-        await state.enter()
+        if state.busy:
+            await state.enter()
+        else:
+            state.busy = True  # (its turn at once: no await on the common path)
         try:
             if not record.granted:
                 self._lines.leave(record)

@@ -79,11 +79,16 @@ class Requests:
             await session.enter()
         else:
             session.busy = True  # (its turn at once: no await on the common path)
-        loop = self.loop
+        sessions = self.sessions
         try:
             if session.gone:
                 raise self.errors.unavailable("the session closed")
-            watch = loop.call_at(loop.time() + wait + request_window(ttl), self.sessions.silence, session)
+            session.used_at = now = self.loop.time()
+            deadline = now + wait + request_window(ttl)
+            inflight = sessions.inflight
+            inflight[session] = deadline
+            if deadline < sessions.watch_at:
+                sessions.watch(deadline)
             try:
                 cursor = session.cursor
                 affected = await cursor.execute(statement, args)
@@ -92,11 +97,10 @@ class Requests:
             except asyncio.CancelledError:
                 # (only the backend's own tasks are cancelled here, when closing: the driver
                 # closes a connection whose read was cut short)
-                self.sessions.lost(session)
+                sessions.lost(session)
                 raise
             finally:
-                watch.cancel()
-                session.used_at = loop.time()
+                inflight.pop(session, None)
         except CLIENT_ERRORS as exc:
             raise self._failed(session, exc) from exc
         finally:

@@ -85,6 +85,10 @@ class Sessions:
         self._sweep: asyncio.TimerHandle | None = None
         self.closed = False
         self.loop = asyncio.get_running_loop()
+        # Requests in flight: session -> loop time by which it must have answered (one timer for all).
+        self.inflight: dict[Session, float] = {}
+        self._watch: asyncio.TimerHandle | None = None
+        self.watch_at = math.inf
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -212,6 +216,26 @@ class Sessions:
             session.leave()
         return not session.gone
 
+    # -- the watch on requests in flight --------------------------------------------------
+
+    def watch(self, deadline: float) -> None:
+        """Look at the requests in flight (``inflight``) at the loop time ``deadline``: a session whose
+        request is unanswered by its own deadline then is closed (``silence``)."""
+        if self._watch is not None:
+            self._watch.cancel()
+        self.watch_at = deadline
+        self._watch = self.loop.call_at(deadline, self._check_inflight)
+
+    def _check_inflight(self) -> None:
+        self._watch, self.watch_at = None, math.inf
+        now = self.loop.time()
+        for session, deadline in list(self.inflight.items()):
+            if deadline <= now:
+                del self.inflight[session]
+                self.silence(session)
+        if self.inflight:
+            self.watch(min(self.inflight.values()))
+
     def silence(self, session: Session) -> None:
         """A request on ``session`` went unanswered in time: close it (which fails the request, and
         ends the session on the server, with its locks, once the server notices)."""
@@ -263,9 +287,11 @@ class Sessions:
     def close(self) -> None:
         """Close every session (those still holding at once: that ends their locks)."""
         self.closed = True
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
+        for timer in (self._sweep, self._watch):
+            if timer is not None:
+                timer.cancel()
+        self._sweep = self._watch = None
+        self.watch_at = math.inf
         for session in list(self.sessions):
             if session.holds or session.busy or session.waiting:
                 session.gone = True

@@ -252,8 +252,8 @@ class Statements:
         self._built: dict[tuple[str, int], str] = {}
 
     def fill(self, statement: str) -> str:
-        """``statement`` with ``{table}`` filled in."""
-        return statement.replace("{table}", self.table)
+        """``statement`` with ``{table}`` filled in, on one line (fewer bytes to send and parse)."""
+        return " ".join(statement.replace("{table}", self.table).split())
 
     def slots(self, which: str, count: int) -> str:
         """The semaphore statement ``which`` ("try", "info" or "check") for ``count`` slots."""
