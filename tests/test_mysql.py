@@ -298,6 +298,30 @@ async def test_a_cancelled_waiter_leaves_no_wait_and_no_grant_behind(my: MySQLHa
     assert not waiter.lock("gone").held
 
 
+async def test_a_semaphore_waiter_waits_on_every_slot_and_leaves_none_waiting_once_granted(my: MySQLHarness) -> None:
+    # (the waiter's long ttl makes each wait statement long: only an end of the waits leaves none soon)
+    holder, waiter = my.connect(ttl=TTL), my.connect(ttl=scaled(10))
+    first = await holder.semaphore("gpu", permits=2).acquire(detached=True)
+    second = await holder.semaphore("gpu", permits=2).acquire(detached=True)
+    slots = [slot_key(my.prefix, "gpu", slot) for slot in range(2)]
+
+    async def waits_on_both() -> bool:
+        return all([await _waits(my, slot, 1) for slot in slots])
+
+    task = asyncio.create_task(waiter.semaphore("gpu", permits=2).acquire(detached=True))
+    await until(waits_on_both, "the waiter waits on both slots")
+    await second.release()
+    lease = await asyncio.wait_for(task, scaled(5))
+    assert second.token is not None and lease.token is not None and lease.token > second.token
+
+    async def none_waits() -> bool:
+        return all([await _waits(my, slot, 0) for slot in slots])
+
+    await until(none_waits, "no wait is left on the other slot", timeout=scaled(2))
+    await lease.release()
+    await first.release()
+
+
 async def test_a_lease_won_after_a_long_wait_counts_from_the_grant(my: MySQLHarness) -> None:
     holder = my.connect(ttl=TTL)
     waiter = my.connect(ttl=TTL)

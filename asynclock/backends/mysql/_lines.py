@@ -115,12 +115,16 @@ class Lines:
             elif not granted.cancelled():
                 granted.exception()  # (retrieved: a failure nobody waits for any more)
         if line.count <= 0:
-            line.waiters.clear()
-            for task, sessions in line.waits.values():
-                for session in sessions:
-                    if session.waiting and session.busy and not session.gone:
-                        self._background.spawn(self._end_wait(session, task))
+            self._end_waits(line)
         self._forget(record.state)
+
+    def _end_waits(self, line: Line) -> None:
+        """Nobody is left in ``line``: end its waits in the server (a semaphore's on its other slots too)."""
+        line.waiters.clear()
+        for task, sessions in line.waits.values():
+            for session in sessions:
+                if session.waiting and session.busy and not session.gone:
+                    self._background.spawn(self._end_wait(session, task))
 
     async def _end_wait(self, session: Session, task: asyncio.Task[None]) -> None:
         """End the wait ``session`` is in (KILL QUERY); when that cannot be done, close the session."""
@@ -202,17 +206,19 @@ class Lines:
     def _grant(self, record: Hold, session: Session, key: str, token: int, sent: float) -> None:
         line = record.state.line
         record.queued = False
+        session.waiting = False
         if line is not None:
             line.count -= 1
             if line.waiters and line.waiters[0] is record:
                 line.waiters.popleft()
+            if line.count <= 0:
+                self._end_waits(line)  # (a semaphore's waits on its other slots)
         record.granted = True
         record.session = session
         record.key = key
         record.token = token
         record.state.holders[record.hold] = record
         session.holds.add(record)
-        session.waiting = False
         if record.granted_at is not None and not record.granted_at.done():
             record.granted_at.set_result(sent)
 
