@@ -31,7 +31,7 @@ class Session(Turns):
     such a session has no holds, so that nothing waits for it meanwhile).
     """
 
-    __slots__ = ("conn", "cursor", "gone", "holds", "id", "silent", "timeout", "used_at", "waiting")
+    __slots__ = ("conn", "cursor", "gone", "holds", "id", "killing", "silent", "timeout", "used_at", "waiting")
 
     def __init__(self, conn: Any, connection_id: int, timeout: int) -> None:
         super().__init__()
@@ -50,6 +50,9 @@ class Session(Turns):
         self.waiting = False
         #: closed because a request went unanswered in time
         self.silent = False
+        #: a KILL QUERY of its wait is on its way (done once the server took it): the statements
+        #: sent after its wait wait for it, so that it ends no other statement than the wait
+        self.killing: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
         state = " waiting" if self.waiting else (" busy" if self.busy else "")

@@ -124,17 +124,22 @@ class Lines:
         for task, sessions in line.waits.values():
             for session in sessions:
                 if session.waiting and session.busy and not session.gone:
-                    self._background.spawn(self._end_wait(session, task))
+                    self._background.spawn(self._end_wait(session, task, line))
 
-    async def _end_wait(self, session: Session, task: asyncio.Task[None]) -> None:
-        """End the wait ``session`` is in (KILL QUERY); when that cannot be done, close the session."""
-        if task.done():
+    async def _end_wait(self, session: Session, task: asyncio.Task[None], line: Line) -> None:
+        """End the wait ``session`` is in (KILL QUERY) if nobody joined the line meanwhile; when that
+        cannot be done, close the session. Until the server took the KILL, the session's next
+        statements wait (a KILL QUERY ends whatever statement runs when it arrives)."""
+        if task.done() or line.count > 0 or not (session.waiting and session.busy) or session.gone:
             return
-        ttl = 1.0
+        killing = session.killing = self.loop.create_future()
         try:
-            killed = await self._requests.kill_query(session, ttl)
+            killed = await self._requests.kill_query(session, 1.0)
         except LockError:
             killed = False
+        finally:
+            session.killing = None
+            killing.set_result(None)
         if not killed and not task.done():
             self._sessions.lost(session)
 

@@ -81,6 +81,8 @@ class Requests:
             session.busy = True  # (its turn at once: no await on the common path)
         sessions = self.sessions
         try:
+            if session.killing is not None:
+                await asyncio.shield(session.killing)  # (the KILL QUERY meant for its wait goes first)
             if session.gone:
                 raise self.errors.unavailable("the session closed")
             session.used_at = now = self.loop.time()

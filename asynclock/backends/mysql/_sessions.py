@@ -195,6 +195,8 @@ class Sessions:
             return False
         await session.enter()
         try:
+            if session.killing is not None:
+                await asyncio.shield(session.killing)  # (the KILL QUERY meant for its wait goes first)
             if session.gone:
                 return False
             # (bounded by the ttl, not a request window: the watchdog loses the holds by their
