@@ -173,6 +173,19 @@ async def test_names_lists_the_locks_held_under_the_prefix_by_any_client(my: MyS
     assert await locks.backend.names() == ["by-the-client"]  # type: ignore[attr-defined]
 
 
+async def test_an_owner_with_a_very_long_task_name_holds_and_lets_go(my: MySQLHarness) -> None:
+    locks, other = my.connect(ttl=TTL), my.connect(ttl=TTL)
+
+    async def hold() -> str | None:
+        async with locks.lock("long-owner"):
+            return (await other.lock("long-owner").info()).owner
+
+    owner = await asyncio.create_task(hold(), name="t" * 2000)
+    assert owner is not None and owner.startswith(locks.client_id) and len(owner) <= 1024
+    async with other.lock("long-owner").acquire(timeout=0):
+        pass
+
+
 # -- shared sessions, and the session as the lease -----------------------------------------
 
 

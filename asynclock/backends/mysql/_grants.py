@@ -18,13 +18,15 @@ observers, which take it for an instant when a term ends: see
 
 from __future__ import annotations
 
+import contextlib
+
 from ..._errors import LockError
 from ...abc import Acquired
 from ._hold import Hold, Session
 from ._lines import Lines
-from ._requests import Requests
+from ._requests import Reply, Requests
 from ._sessions import Sessions
-from ._sql import RELEASE, RELEASE_TERM, SET_TIMEOUT, TERM, waiting
+from ._sql import RELEASE, RELEASE_TERM, SET_TIMEOUT, SETTLE, TERM, waiting
 
 __all__ = ["Grants", "interrupted", "owner_of"]
 
@@ -32,9 +34,13 @@ __all__ = ["Grants", "interrupted", "owner_of"]
 _INTERRUPTED = 1317
 
 
+#: The longest owner id written in a row (a longer one, from a task's long name, is cut).
+OWNER_MAX = 1024
+
+
 def owner_of(hold: str) -> str:
     """The owner id of a hold id (``<client id>:<owner>``, what ``info().owner`` shows)."""
-    return hold.rpartition(":")[0]
+    return hold.rpartition(":")[0][:OWNER_MAX]
 
 
 def interrupted(exc: BaseException) -> bool:
@@ -77,7 +83,7 @@ class Grants:
             state.leave()
 
     async def _try(self, record: Hold) -> Acquired | None:
-        ttl, requests, key = record.ttl, self._requests, record.state.key
+        ttl, key = record.ttl, record.state.key
         election = record.ref.kind == "election"
         sessions = self._sessions
         if election:
@@ -89,13 +95,13 @@ class Grants:
             if election:
                 identity = record.ref.identity or ""
                 args = (key, record.ref.name, identity, key, 0, identity)
-                _rows, taken, token = await requests.execute(session, self._sql.take_election, args, ttl)
+                _rows, taken, token = await self._take(session, self._sql.take_election, args, record)
                 if taken:
                     await self._term(session, record)
             else:
                 owner = owner_of(record.hold)
                 args = (key, record.ref.name, owner, key, 0, owner)
-                _rows, taken, token = await requests.execute(session, self._sql.take, args, ttl)
+                _rows, taken, token = await self._take(session, self._sql.take, args, record)
         finally:
             if election:
                 sessions.done_waiting(session)
@@ -105,6 +111,21 @@ class Grants:
             return None
         self.hold_on(record, session, key, token)
         return Acquired(token)
+
+    async def _take(
+        self, session: Session, statement: str, args: tuple[object, ...], record: Hold, wait: float = 0.0
+    ) -> Reply:
+        """A take statement for ``record``'s key on ``session``, waiting up to ``wait`` seconds; if it
+        fails, whatever its GET_LOCK took before the error is let go of (the session held no lock
+        of the key before)."""
+        try:
+            return await self._requests.execute(session, statement, args, record.ttl, wait=wait)
+        except LockError:
+            if not session.gone:
+                with contextlib.suppress(LockError):
+                    key = record.state.key
+                    await self._retry_interrupted(session, SETTLE, (key, key), record.ttl)
+            raise
 
     async def _term(self, session: Session, record: Hold) -> None:
         """Take the term key of ``record``'s election (its key just taken on ``session``); let go
@@ -139,7 +160,7 @@ class Grants:
     # -- waiting (the Taker of the lines) -------------------------------------------------
 
     async def wait_take(self, session: Session, key: str, head: Hold, chunk: float) -> int | None:
-        state, requests, ttl = head.state, self._requests, head.ttl
+        state = head.state
         if head.ref.kind == "election":
             identity = head.ref.identity or ""
             statement = waiting(state.marker, self._sql.take_election)
@@ -149,10 +170,10 @@ class Grants:
             statement = waiting(state.marker, self._sql.take)
             args = (key, head.ref.name, owner, key, chunk, owner)
         try:
-            _rows, taken, token = await requests.execute(session, statement, args, ttl, wait=chunk)
+            _rows, taken, token = await self._take(session, statement, args, head, chunk)
         except LockError as exc:
             if interrupted(exc):
-                return None  # (KILL QUERY: nobody waits any more)
+                return None  # (KILL QUERY: nobody waits any more; what it may have taken is let go of)
             raise
         if not taken:
             return None

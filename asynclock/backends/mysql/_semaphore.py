@@ -21,6 +21,7 @@ disagree never both hold; otherwise its acquire raises ValueError at once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from ..._errors import LockError
 from ...abc import Acquired
@@ -29,7 +30,7 @@ from ._hold import Hold, Session
 from ._keys import slot_keys
 from ._lines import Lines
 from ._requests import Requests
-from ._sql import RELEASE, WAIT, waiting
+from ._sql import RELEASE, SETTLE, WAIT, waiting
 
 __all__ = ["Permits"]
 
@@ -74,7 +75,16 @@ class Permits:
             for slot, key in free:
                 args += [key, slot]
             args.append(state.key)
-            rows, _n, _id = await requests.execute(session, self._sql.slots("try", len(free)), args, ttl)
+            try:
+                rows, _n, _id = await requests.execute(session, self._sql.slots("try", len(free)), args, ttl)
+            except LockError:
+                # (a slot its GET_LOCK took before the error is let go of: no slot of the semaphore
+                # was this session's before, as this client holds none of the ones tried)
+                if not session.gone:
+                    with contextlib.suppress(LockError):
+                        for _slot, key in free:
+                            await requests.execute(session, SETTLE, (key, key), ttl)
+                raise
             slot, recorded = rows[0]
             if slot < 0:
                 if recorded is not None and recorded != record.ref.permits:

@@ -37,6 +37,7 @@ __all__ = [
     "PERMITS_SET",
     "RELEASE",
     "RELEASE_TERM",
+    "SETTLE",
     "SET_TIMEOUT",
     "SLOT_ROW",
     "TAKE",
@@ -116,6 +117,10 @@ TERM = WAIT
 
 #: Let go of a key. %s: key. One row: 1 (let go), 0 (another session holds it), NULL (nobody).
 RELEASE = "SELECT RELEASE_LOCK(%s)"
+
+#: Let go of a key if this session holds it (what a statement that failed after its GET_LOCK may have
+#: left). %s: key, key. One row: 1 (let go), NULL (this session did not hold it).
+SETTLE = "SELECT IF(IS_USED_LOCK(%s) = CONNECTION_ID(), RELEASE_LOCK(%s), NULL)"
 
 #: Let go of a leader's term key, then its election's key. %s: term key, election key. One row of two.
 RELEASE_TERM = "SELECT RELEASE_LOCK(%s), RELEASE_LOCK(%s)"
