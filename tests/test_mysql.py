@@ -518,6 +518,11 @@ async def test_urls_and_options_are_checked_before_any_io(my: MySQLHarness) -> N
             assert await my.holder_id(lock_key(my.prefix, "m")) is not None
         assert mysql_parts(locks) is not None
         assert locks.backend.max_leases == 1  # type: ignore[attr-defined]
+    # through the server's unix socket (a host that does not exist shows it is not used)
+    socket_url = f"mysql://root@nowhere.invalid/asynclock?unix_socket={my.server.socket_path}"
+    async with asynclock.connect(socket_url, ttl=TTL, prefix=my.prefix) as locks:
+        async with locks.lock("m") as lease:
+            assert lease.token == 2
 
 
 async def test_read_write_locks_are_refused_before_any_io() -> None:

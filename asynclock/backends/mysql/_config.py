@@ -3,8 +3,8 @@
 ``mysql://user:password@host:3306/database?table=…&max_leases=…`` (the port
 defaults to 3306; the database is required: the fence table lives there).
 Query parameters: asynclock's own (``table``, ``max_leases``) and
-``unix_socket`` (a path: connect through it, the host then only names the
-server in messages). Keyword options: the same, and what goes to asyncmy's
+``unix_socket`` (a path: connect through it instead of TCP; messages then
+name the socket). Keyword options: the same, and what goes to asyncmy's
 ``connect`` as it is: ``user``, ``password``, ``ssl`` (an ``ssl.SSLContext``),
 ``server_public_key``, ``program_name``. Anything else raises ValueError
 naming the valid ones. The session's character set is always utf8mb4 and
