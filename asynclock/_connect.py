@@ -34,6 +34,7 @@ def connect(
     * a ``redis.asyncio.Redis`` instance: one Redis, not closed by asynclock
     * ``postgresql://user@host:port/db`` (also ``postgres://``): PostgreSQL
     * an ``asyncpg.Pool``: PostgreSQL, not closed by asynclock
+    * ``mysql://user:password@host:3306/db`` (also ``mariadb://``): MySQL or MariaDB
     * ``redlock://h1:p1,h2:p2,h3:p3``: a majority of N independent Redis primaries
     * ``redis+sentinel://s1:p1,s2:p2/name``: the Redis primary that Sentinel names
     * ``redis+cluster://h1:p1,h2:p2``: Redis Cluster (also a ``RedisCluster`` instance)

@@ -36,13 +36,14 @@ from .subjects import BEFORE_ENV, BY_KEY, PEERS, SUBJECTS, Subject, add_before, 
 from .workload import (
     Counter,
     contention_metrics,
+    install_asyncmy_counter,
     install_asyncpg_counter,
     install_redis_counter,
     percentile,
     run_contended,
 )
 
-BACKENDS = ["memory", "redis", "zookeeper", "postgres", "etcd"]
+BACKENDS = ["memory", "redis", "zookeeper", "postgres", "mysql", "etcd"]
 SCENARIOS = ["uncontended", "contended", "herd", "watchdog", "connections", "election"]
 
 
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = dataclasses.replace(plan, window=args.window, herd_window=args.window)
     install_redis_counter()
     install_asyncpg_counter()
+    install_asyncmy_counter()
     before = add_revision(args.before) if args.before else None
     chosen = [s for s in SUBJECTS if s.backend in args.backends and not (args.no_peers and s.key in PEERS)]
     results: dict[str, Any] = {
@@ -287,7 +289,7 @@ async def uncontended(subjects: list[Subject], servers: Servers, plan: Plan, ski
             row["round_trips_per_acq"] = trips[key] / count
         elif subject.backend == "zookeeper":
             row["requests_per_acq"] = commands[key]["requests"] / count
-        elif subject.backend in ("postgres", "etcd"):
+        elif subject.backend in ("postgres", "mysql", "etcd"):
             row["round_trips_per_acq"] = trips[key] / count
         if subject.backend == "postgres":
             work = pg_work[key]
@@ -461,54 +463,74 @@ WAITERS = 20
 
 
 async def connections(subjects: list[Subject], servers: Servers, skipped: dict[str, str]) -> dict[str, Any]:
-    """PostgreSQL: the server connections one client uses to hold many locks, and to wait for one.
+    """PostgreSQL and MySQL: the server connections one client uses to hold many locks, and to wait for one.
 
     Holds are asked with ``timeout=0`` (a hold that would need a connection
     the client does not have is refused, not waited for). Connections are
-    the client's pool size once the holds are taken, or while the waiters
-    wait (each waiter is queued when the count is read).
+    the client's (its pool's size, or its open sessions) once the holds are
+    taken, or while the waiters wait (each waiter is queued when the count is
+    read). PostgreSQL's figures are at the top level (``hold_many``,
+    ``wait_one``), MySQL's under ``mysql``.
     """
+    out: dict[str, Any] = {}
+    for backend in ("postgres", "mysql"):
+        if not any(subject.key == f"asynclock-{backend}" for subject in subjects):
+            continue
+        log(f"connections: one {backend} client holding {MANY_LOCKS} locks; {WAITERS} waiters on one")
+        try:
+            figures = await _connections(servers.urls[backend], backend)
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            skipped[f"connections:asynclock-{backend}"] = f"failed: {exc!r}"[:200]
+            log(f"connections failed: {exc!r}")
+            continue
+        if backend == "postgres":
+            out.update(figures)
+        else:
+            out[backend] = figures
+    return out
+
+
+def _connected(locks: Any, backend: str) -> int:
+    """The server connections a client has now: its pool's size (PostgreSQL), its sessions (MySQL)."""
+    if backend == "postgres":
+        return int(locks.backend.pool.get_size())
+    return int(locks.backend.connections)
+
+
+async def _connections(url: str, backend: str) -> dict[str, Any]:
     import asynclock
 
     out: dict[str, Any] = {}
-    if not any(subject.key == "asynclock-postgres" for subject in subjects):
-        return out
-    log(f"connections: one postgresql:// client holding {MANY_LOCKS} locks; {WAITERS} waiters on one")
-    url = servers.urls["postgres"]
-    try:
-        async with asynclock.connect(url, ttl=10, prefix="conns") as locks:
-            leases = []
-            for i in range(MANY_LOCKS):
-                with contextlib.suppress(asynclock.LockTimeout):
-                    leases.append(await locks.lock(f"many-{i}").acquire(timeout=0, detached=True))
-            out["hold_many"] = {"asked": MANY_LOCKS, "held": len(leases), "connections": locks.backend.pool.get_size()}
-            for lease in leases:
-                await lease.release()
-        async with (
-            asynclock.connect(url, ttl=10, prefix="waits") as holder,
-            asynclock.connect(url, ttl=10, prefix="waits") as locks,
-        ):
-            held = await holder.lock("one").acquire(detached=True)
-            one = locks.lock("one")
+    async with asynclock.connect(url, ttl=10, prefix="conns") as locks:
+        leases = []
+        for i in range(MANY_LOCKS):
+            with contextlib.suppress(asynclock.LockTimeout):
+                leases.append(await locks.lock(f"many-{i}").acquire(timeout=0, detached=True))
+        out["hold_many"] = {"asked": MANY_LOCKS, "held": len(leases), "connections": _connected(locks, backend)}
+        for lease in leases:
+            await lease.release()
+    async with (
+        asynclock.connect(url, ttl=10, prefix="waits") as holder,
+        asynclock.connect(url, ttl=10, prefix="waits") as locks,
+    ):
+        held = await holder.lock("one").acquire(detached=True)
+        one = locks.lock("one")
 
-            async def wait_then_release() -> None:
-                lease = await one.acquire(timeout=30, detached=True)
-                await lease.release()  # at once: the waiters are granted in the server's order
+        async def wait_then_release() -> None:
+            lease = await one.acquire(timeout=30, detached=True)
+            await lease.release()  # at once: the waiters are granted in the server's order
 
-            waiters = [asyncio.create_task(wait_then_release()) for _ in range(WAITERS)]
-            deadline = time.monotonic() + 30
-            while (await locks.lock("one").info()).waiters < WAITERS and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            out["wait_one"] = {
-                "waiters": WAITERS,
-                "queued": (await locks.lock("one").info()).waiters,
-                "connections": locks.backend.pool.get_size(),
-            }
-            await held.release()
-            await asyncio.gather(*waiters)
-    except Exception as exc:  # noqa: BLE001 - reported in the table
-        skipped["connections:asynclock-postgres"] = f"failed: {exc!r}"[:200]
-        log(f"connections failed: {exc!r}")
+        waiters = [asyncio.create_task(wait_then_release()) for _ in range(WAITERS)]
+        deadline = time.monotonic() + 30
+        while (await locks.lock("one").info()).waiters < WAITERS and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        out["wait_one"] = {
+            "waiters": WAITERS,
+            "queued": (await locks.lock("one").info()).waiters,
+            "connections": _connected(locks, backend),
+        }
+        await held.release()
+        await asyncio.gather(*waiters)
     return out
 
 
@@ -685,7 +707,8 @@ async def watchdog(subjects: list[Subject], servers: Servers, plan: Plan, skippe
             continue
         # (PostgreSQL: all the locks held at once share the server's lock table,
         # max_locks_per_transaction x max_connections entries: 6,400 by default)
-        sizes = plan.watchdog if subject.backend not in ("zookeeper", "etcd", "postgres") else plan.watchdog[:1]
+        one_size = subject.backend in ("zookeeper", "etcd", "postgres", "mysql")
+        sizes = plan.watchdog[:1] if one_size else plan.watchdog
         for size in sizes:
             log(f"watchdog: {subject.key}, {size} leases, ttl {plan.watchdog_ttl}s")
             key = f"{subject.key}:{size}"
@@ -744,7 +767,7 @@ async def _watchdog_one(asynclock: Any, subject: Subject, servers: Servers, size
                 "cpu_share": cpu / wall,
                 "held_after": len(keeper),
             }
-            if subject.backend in ("redis", "postgres"):
+            if subject.backend in ("redis", "postgres", "mysql"):
                 row["round_trips_per_period"] = (Counter.value - wire) / periods
             if subject.backend == "redis":
                 stats = counter[1]() if counter else {}

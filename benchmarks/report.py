@@ -341,17 +341,22 @@ def markdown(results: dict[str, Any]) -> str:
     conns = results.get("connections")
     if conns:
         lines += [
-            "**7. Connections** (PostgreSQL: one asynclock client; holds asked with timeout=0)",
+            "**7. Connections** (one asynclock client; holds asked with timeout=0)",
             "",
-            "| what | asked | held or queued | server connections |",
-            "| --- | ---: | ---: | ---: |",
+            "| backend | what | asked | held or queued | server connections |",
+            "| --- | --- | ---: | ---: | ---: |",
         ]
-        if "hold_many" in conns:
-            row = conns["hold_many"]
-            lines.append(f"| hold different locks | {row['asked']:,} | {row['held']:,} | {row['connections']} |")
-        if "wait_one" in conns:
-            row = conns["wait_one"]
-            lines.append(f"| wait for one held lock | {row['waiters']} | {row['queued']} | {row['connections']} |")
+        for name, figures in (("PostgreSQL", conns), ("MySQL", conns.get("mysql", {}))):
+            if "hold_many" in figures:
+                row = figures["hold_many"]
+                lines.append(
+                    f"| {name} | hold different locks | {row['asked']:,} | {row['held']:,} | {row['connections']} |"
+                )
+            if "wait_one" in figures:
+                row = figures["wait_one"]
+                lines.append(
+                    f"| {name} | wait for one held lock | {row['waiters']} | {row['queued']} | {row['connections']} |"
+                )
         lines.append("")
     handovers = results.get("election")
     if handovers:

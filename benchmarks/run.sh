@@ -14,6 +14,9 @@ fi
 compgen -G "/usr/share/java/zookeeper*.jar" >/dev/null || missing+=(zookeeper)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+{ command -v mariadb-install-db && { command -v mariadbd || [ -x /usr/sbin/mariadbd ]; }; } >/dev/null 2>&1 \
+    || missing+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing: ${missing[*]}"
@@ -27,8 +30,8 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import asynclock, redis_lock, pottery, aiozk, kazoo, asyncpg, grpc, matplotlib' 2>/dev/null; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[redis,zookeeper,postgres,etcd]' \
+if ! .venv/bin/python -c 'import asynclock, redis_lock, pottery, aiozk, kazoo, asyncpg, asyncmy, grpc, matplotlib' 2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[redis,zookeeper,postgres,mysql,etcd]' \
         -r requirements/benchmarks.txt
 fi
 exec .venv/bin/python -m benchmarks "$@"

@@ -73,6 +73,15 @@ def _start(backend: str, servers: Servers) -> None:
             [str(server.bin_dir / "postgres"), "--version"], capture_output=True, text=True, check=False
         ).stdout.strip()
         servers.versions["postgres"] = version.replace("postgres (PostgreSQL) ", "PostgreSQL ")
+    elif backend == "mysql":
+        from tests.servers.mysql import MariaDBServer
+
+        server = MariaDBServer()
+        servers.handles["mysql"] = server
+        server.start(timeout=90)
+        servers.urls["mysql"] = server.url
+        version = subprocess.run([server.server_bin, "--version"], capture_output=True, text=True, check=False).stdout
+        servers.versions["mysql"] = "MariaDB " + version.split("Ver ", 1)[-1].split("-", 1)[0]
     elif backend == "etcd":
         from tests.servers.etcd import EtcdServer
 

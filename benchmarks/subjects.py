@@ -40,7 +40,7 @@ class SyncHandle(Protocol):
 class Subject:
     key: str  # unique id, used in JSON and on the command line
     label: str  # what the table shows
-    backend: str  # memory | redis | zookeeper | postgres | etcd
+    backend: str  # memory | redis | zookeeper | postgres | mysql | etcd
     threads: bool  # synchronous library, workers are threads
     floor: bool  # a raw floor, not a lock library
     contended: bool  # takes part in the contention and herd runs
@@ -67,6 +67,18 @@ SUBJECTS: list[Subject] = [
     Subject("kazoo", "kazoo Lock (threads)", "zookeeper", True, False, True, ("kazoo",)),
     Subject("raw-postgres", "raw pg_advisory_lock + unlock (asyncpg)", "postgres", False, True, True, ("asyncpg",)),
     Subject("asynclock-postgres", "asynclock postgresql://", "postgres", False, False, True, ("asyncpg",)),
+    Subject("raw-mysql", "raw GET_LOCK + RELEASE_LOCK (asyncmy)", "mysql", False, True, True, ("asyncmy",)),
+    Subject(
+        "raw-mysql-token",
+        "raw GET_LOCK with its token row + RELEASE_LOCK (asyncmy)",
+        "mysql",
+        False,
+        True,
+        False,
+        ("asyncmy",),
+        note="asynclock's statement: the lock and its fencing token in one InnoDB commit",
+    ),
+    Subject("asynclock-mysql", "asynclock mysql://", "mysql", False, False, True, ("asyncmy",)),
     Subject("raw-etcd", "raw Put(lease) + Delete (grpc)", "etcd", False, True, False, ("grpc",)),
     Subject("asynclock-etcd", "asynclock etcd://", "etcd", False, False, True, ("grpc",)),
 ]
@@ -82,6 +94,7 @@ _BACKEND_MODULES = {
     "redis": "redis",
     "zookeeper": "zookeeper",
     "postgres": "postgres",
+    "mysql": "mysql",
     "etcd": "etcd",
 }
 
@@ -104,7 +117,7 @@ def add_before(where: str, rev: str) -> list[Subject]:
         key = f"before-{backend}"
         if key in BY_KEY:
             continue
-        scheme = {"zookeeper": "zk", "postgres": "postgresql"}.get(backend, backend)
+        scheme = {"zookeeper": "zk", "postgres": "postgresql"}.get(backend, backend)  # (mysql: mysql://)
         twin = BY_KEY[f"asynclock-{backend}"]
         subject = Subject(key, f"asynclock {scheme}:// at {rev}", backend, False, False, True, twin.needs, before=True)
         SUBJECTS.append(subject)
@@ -342,6 +355,76 @@ class _RawPgHandle:
         await self.conn.execute("SELECT pg_advisory_unlock($1)", self.key)
 
 
+class RawMySQLClient(AsyncClient):
+    """The floor: GET_LOCK + RELEASE_LOCK, one connection per worker (a lock's session); with
+    ``token``, the GET_LOCK of asynclock's statement, which takes the fencing token in the same
+    statement (an InnoDB row, committed)."""
+
+    def __init__(self, token: bool = False) -> None:
+        self.token = token
+
+    async def open(self, url: str) -> None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        self.connect_args = {
+            "host": parts.hostname,
+            "port": parts.port or 3306,
+            "user": parts.username or "root",
+            "password": parts.password or "",
+            "database": parts.path.lstrip("/"),
+            "autocommit": True,
+        }
+        self.conns: list[Any] = []
+        self.statement = "SELECT GET_LOCK(%s, 60)"
+        if self.token:
+            import asyncmy
+
+            from asynclock.backends.mysql._sql import CREATE, TAKE
+
+            conn = await asyncmy.connect(**self.connect_args)
+            try:
+                await conn.cursor().execute(CREATE.replace("{table}", "raw_fence"))
+            finally:
+                conn.close()
+            self.statement = TAKE.replace("{table}", "raw_fence")
+
+    def handle(self, name: str) -> AsyncHandle:
+        return _RawMySQLHandle(self, f"raw:{name}")
+
+    async def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+
+
+class _RawMySQLHandle:
+    def __init__(self, owner: RawMySQLClient, key: str) -> None:
+        self.owner = owner
+        self.key = key
+        self.cursor: Any = None
+
+    async def acquire(self) -> None:
+        if self.cursor is None:
+            import asyncmy
+
+            conn = await asyncmy.connect(**self.owner.connect_args)
+            self.owner.conns.append(conn)
+            self.cursor = conn.cursor()
+        if self.owner.token:
+            key = self.key
+            if not await self.cursor.execute(self.owner.statement, (key, key, "raw", key, 60, "raw")):
+                raise RuntimeError("GET_LOCK did not take the lock")
+            return
+        await self.cursor.execute(self.owner.statement, (self.key,))
+        ((got,),) = await self.cursor.fetchall()
+        if got != 1:
+            raise RuntimeError(f"GET_LOCK returned {got!r}")
+
+    async def release(self) -> None:
+        await self.cursor.execute("SELECT RELEASE_LOCK(%s)", (self.key,))
+        await self.cursor.fetchall()
+
+
 class RawEtcdClient(AsyncClient):
     """The floor: one Put of a key attached to a lease to take, one Delete to give back.
 
@@ -466,6 +549,8 @@ def async_client(key: str) -> AsyncClient:
         "raw-zookeeper": RawZooKeeperClient,
         "aiozk": AiozkClient,
         "raw-postgres": RawPostgresClient,
+        "raw-mysql": RawMySQLClient,
+        "raw-mysql-token": lambda: RawMySQLClient(token=True),
         "raw-etcd": RawEtcdClient,
     }
     client: AsyncClient = factories[key]()

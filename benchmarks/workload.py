@@ -96,6 +96,30 @@ def install_asyncpg_counter() -> None:
     Connection._counted = True  # type: ignore[attr-defined]
 
 
+def install_asyncmy_counter() -> None:
+    """Count asyncmy requests (statements and pings) into ``Counter`` too (MySQL's round trips per pair)."""
+    try:
+        from asyncmy.connection import Connection
+    except ImportError:
+        return
+    if getattr(Connection, "_counted", False):
+        return
+    query = Connection.query
+    ping = Connection.ping
+
+    async def counted_query(self: Any, *args: Any, **kwargs: Any) -> Any:
+        Counter.value += 1
+        return await query(self, *args, **kwargs)
+
+    async def counted_ping(self: Any, *args: Any, **kwargs: Any) -> Any:
+        Counter.value += 1
+        return await ping(self, *args, **kwargs)
+
+    Connection.query = counted_query  # type: ignore[method-assign]
+    Connection.ping = counted_ping  # type: ignore[method-assign]
+    Connection._counted = True  # type: ignore[attr-defined]
+
+
 # -- worker loops ---------------------------------------------------------------
 
 
@@ -143,6 +167,7 @@ class ProcSpec:
 def child_main(spec: ProcSpec, ready: Any, go: Any, start_at: Any, results: Any, done: Any) -> None:
     """Entry point of a worker process (multiprocessing, spawn)."""
     install_redis_counter()
+    install_asyncmy_counter()
     try:
         if BY_KEY[spec.subject].threads:
             _child_threads(spec, ready, go, start_at, results, done)

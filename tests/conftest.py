@@ -18,11 +18,12 @@ import pytest
 from tests.harnesses import Harness
 from tests.servers import RedisServer
 from tests.servers.etcd import EtcdServer
+from tests.servers.mysql import MariaDBServer
 from tests.servers.postgres import PostgresServer
 from tests.servers.redis_topologies import ClusterSetup, RedisNodes
 from tests.servers.zookeeper import ZooKeeperServer
 
-BACKENDS = ["memory", "redis", "postgres", "zookeeper", "redlock", "etcd"]
+BACKENDS = ["memory", "redis", "postgres", "zookeeper", "redlock", "etcd", "mysql"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -92,7 +93,7 @@ def anyio_backend() -> str:
 def _hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
     """After every test: no pending asynclock task, no "Task exception was never
     retrieved", and the session redis-server, ZooKeeper and PostgreSQL back to
-    their client connection counts."""
+    their client connection counts (MariaDB's too)."""
     from tests.faults import hygiene
 
     if "anyio_backend" in request.fixturenames:
@@ -114,6 +115,9 @@ def _hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
     if "postgres_server" in request.fixturenames or backend == "postgres":
         dsn = request.getfixturevalue("postgres_server").dsn
         counters["PostgreSQL"] = lambda: hygiene.postgres_connections(dsn)
+    if "mysql_server" in request.fixturenames or backend == "mysql":
+        mysql = request.getfixturevalue("mysql_server")
+        counters["MariaDB"] = lambda: hygiene.mysql_connections(mysql)
     baselines = {name: count() for name, count in counters.items()}
     with hygiene.NeverRetrieved() as never_retrieved:
         yield
@@ -159,6 +163,15 @@ def postgres_server() -> Iterator[PostgresServer]:
     """One PostgreSQL for the session (initdb'ed into a temp dir); tests isolate by prefix."""
     server = PostgresServer()
     server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> Iterator[MariaDBServer]:
+    """One MariaDB for the session (installed into a temp dir); tests isolate by prefix."""
+    server = MariaDBServer()
+    server.start(timeout=60)
     yield server
     server.cleanup()
 
@@ -217,6 +230,7 @@ HARNESSES: dict[str, tuple[str, str, str | None]] = {
     "postgres": ("tests.harnesses.postgres", "PostgresHarness", "postgres_server"),
     "zookeeper": ("tests.harnesses.zookeeper", "ZooKeeperHarness", "zookeeper_server"),
     "etcd": ("tests.harnesses.etcd", "EtcdHarness", "etcd_server"),
+    "mysql": ("tests.harnesses.mysql", "MySQLHarness", "mysql_server"),
     "redlock": ("tests.harnesses.redlock", "RedlockHarness", "redlock_nodes"),
     "redis+cluster": ("tests.harnesses.cluster", "ClusterHarness", "redis_cluster"),
 }

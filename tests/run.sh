@@ -29,6 +29,10 @@ command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
 # etcd (one member, or three on loopback) and etcdctl for the lock interop tests
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+# MariaDB: mariadb-install-db and mariadbd (with its plugins), and the mariadb client for the interop tests
+{ command -v mariadb-install-db && { command -v mariadbd || [ -x /usr/sbin/mariadbd ]; }; } >/dev/null 2>&1 \
+    || missing+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing: ${missing[*]}"

@@ -16,6 +16,7 @@ import pytest
 
 from tests.servers import redis_server_binary
 from tests.servers.etcd import etcd_binary
+from tests.servers.mysql import mariadb_binaries
 from tests.servers.postgres import postgres_bin_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,3 +259,33 @@ def test_before_after_compares_each_backend_of_the_earlier_revision() -> None:
     )
     assert "**Before and after** (asynclock at abc1234" in table
     assert "| redis | contended acquisitions/s | 700.00 | 500.00 | **worse** |" in table
+
+
+@pytest.mark.skipif(mariadb_binaries() is None, reason="MariaDB not installed")
+def test_quick_mysql_run_counts_round_trips_and_connections(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks", "--quick", "--backends", "mysql"),
+            *("--scenarios", "uncontended,connections", "--out", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "latest.json").read_text())
+    assert results["skipped"] == {}
+    unc = results["uncontended"]
+    # the raw floor is GET_LOCK then RELEASE_LOCK, and so is an uncontended asynclock pair
+    assert unc["raw-mysql"]["round_trips_per_acq"] == 2.0
+    assert unc["asynclock-mysql"]["round_trips_per_acq"] == 2.0
+    conns = results["connections"]["mysql"]
+    many, waits = conns["hold_many"], conns["wait_one"]
+    # a thousand holds share the client's sessions; twenty waiters of one lock wait on one session
+    assert many == {"asked": 1000, "held": 1000, "connections": many["connections"]} and many["connections"] <= 3
+    assert waits["queued"] == waits["waiters"] == 20 and waits["connections"] <= 2
+    assert "| MySQL | hold different locks |" in proc.stdout

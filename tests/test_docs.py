@@ -18,8 +18,9 @@ How a block runs:
 
 Server addresses written in a block (``redis://localhost:6379/0``,
 ``zk://zk1:2181,zk2:2181/app``, ``postgresql://app@db.example/app``,
-``etcd://etcd1:2379,etcd2:2379/app``) are pointed at the test servers before
-it runs; the rest of the URL (database, chroot, key path, query) is kept.
+``etcd://etcd1:2379,etcd2:2379/app``, ``mysql://app:pw@db.example/app``) are
+pointed at the test servers before it runs; the rest of the URL (database,
+chroot, key path, query) is kept, and a MySQL database it names is made.
 The test servers speak no TLS: ``rediss://`` and ``etcds://`` are pointed at
 the plain ones, so a block that needs certificate files belongs in a
 ``text`` block.
@@ -53,7 +54,7 @@ FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 #: a block that defines a test is a test module
 TEST_MODULE = re.compile(r"^(async )?def test_", re.M)
 #: scheme://hosts of the servers a block may name (the part that is replaced)
-SERVER = re.compile(r"\b(redis|rediss|zk|postgresql|postgres|etcd|etcds)://([^/\s\"'?]+)")
+SERVER = re.compile(r"\b(redis|rediss|zk|postgresql|postgres|etcd|etcds|mysql|mariadb)://([^/\s\"'?]+)")
 
 #: The application's own work, as examples call it.
 APP_WORK = (
@@ -92,6 +93,8 @@ class Servers:
             return f"zk://127.0.0.1:{self._request.getfixturevalue('zookeeper_server').port}"
         if scheme in ("etcd", "etcds"):
             return f"etcd://127.0.0.1:{self._request.getfixturevalue('etcd_server').port}"
+        if scheme in ("mysql", "mariadb"):
+            return f"{scheme}://root@127.0.0.1:{self._request.getfixturevalue('mysql_server').port}"
         dsn: str = self._request.getfixturevalue("postgres_server").dsn
         return dsn.split("/", 3)[0] + "//" + dsn.split("/", 3)[2]
 
@@ -114,6 +117,13 @@ async def make_chroots(code: str, servers: Servers) -> None:
         finally:
             await asyncio.to_thread(client.stop)
             await asyncio.to_thread(client.close)
+
+
+async def make_databases(code: str, servers: Servers) -> None:
+    """Create the MySQL databases a block names (the fence table lives in one)."""
+    for database in re.findall(r"(?:mysql|mariadb)://[^/\s\"']+/(\w+)", code):
+        server = servers._request.getfixturevalue("mysql_server")
+        await asyncio.to_thread(server.sql, f"CREATE DATABASE IF NOT EXISTS `{database}`")
 
 
 def page_id(page: Path) -> str:
@@ -151,6 +161,7 @@ async def test_every_python_block_runs(page: Path, request: pytest.FixtureReques
             where = f"{page_id(page)}:{line}"
             code = servers.rewrite(code)
             await make_chroots(code, servers)
+            await make_databases(code, servers)
             if "asyncio.run(" in code:
                 await run_program(code, where)
                 continue
@@ -220,6 +231,7 @@ def test_the_runner_finds_and_points_blocks_at_the_test_servers() -> None:
     assert rewrite("postgresql://app:pw@db.example:5432/app") == "postgresql://test-server/app"
     assert rewrite('connect("etcd://etcd1:2379,etcd2:2379/app")') == 'connect("etcd://test-server/app")'
     assert rewrite("etcds://root:pw@etcd1:2379/app?connect_timeout=2") == "etcds://test-server/app?connect_timeout=2"
+    assert rewrite('connect("mysql://app:secret@db.example:3306/app")') == 'connect("mysql://test-server/app")'
     assert rewrite("etcdctl lock /app/asynclock/orders") == "etcdctl lock /app/asynclock/orders"
 
     class Fixtures:

@@ -41,7 +41,7 @@ TTL = scaled(0.5)
 #: a bound far below a long ttl: what passes within it did not wait for an expiry
 PROMPT = scaled(0.5)
 #: the backends with elections that these tests run on (ZooKeeper's are in their own file)
-ELECTING = ["memory", "etcd", "redis", "redis+cluster", "postgres"]
+ELECTING = ["memory", "etcd", "redis", "redis+cluster", "postgres", "mysql"]
 
 
 @pytest.fixture
@@ -214,8 +214,8 @@ async def test_a_lost_term_cancels_the_body_and_raises_lock_lost(elect_harness: 
             assert election.leading
             assert await elect_harness.expire_shape("election", "e")
             await asyncio.sleep(scaled(30))
-    # (PostgreSQL takes a hold away by ending its session: the client sees its connection close)
-    expected = "CONNECTION_LOST" if elect_harness.kind == "postgres" else "TAKEN_OR_EXPIRED"
+    # (PostgreSQL and MySQL take a hold away by ending its session: the client sees its connection close)
+    expected = "CONNECTION_LOST" if elect_harness.kind in ("postgres", "mysql") else "TAKEN_OR_EXPIRED"
     assert lost.value.loss is asynclock.LossReason[expected]
     assert term.lost and not election.leading
 
@@ -284,7 +284,7 @@ async def test_leader_and_observe_need_no_candidacy(elect_harness: Harness) -> N
     seen = await asyncio.wait_for(anext(changes), scaled(5))
     assert seen == await election.leader()
     assert seen is not None and (seen.identity, seen.token) == ("a", term.token)
-    if elect_harness.kind in ("memory", "postgres"):
+    if elect_harness.kind in ("memory", "postgres", "mysql"):
         assert seen.since is not None and abs(seen.since - term.since) < 1.0
     else:
         assert seen.since is None  # (the server keeps no record of when a term began)

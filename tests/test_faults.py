@@ -28,6 +28,7 @@ from tests.faults.scenarios import SCENARIOS, Outcome, Settings, _warned_first, 
 from tests.faults.store import StoreState
 from tests.servers import RedisServer
 from tests.servers.etcd import EtcdServer
+from tests.servers.mysql import MariaDBServer
 from tests.servers.postgres import PostgresServer
 from tests.servers.redis_topologies import RedisNodes, SentinelSetup
 from tests.servers.zookeeper import ZooKeeperServer
@@ -41,6 +42,15 @@ FAST_SCENARIOS = {
     "redis": [s.name for s in SCENARIOS if s.kinds is None or "redis" in s.kinds],
     "zookeeper": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen", "server-restarted"],
     "postgres": ["cancellation", "holder-killed", "holder-frozen", "partition", "server-frozen", "server-restarted"],
+    "mysql": [
+        "cancellation",
+        "holder-killed",
+        "holder-frozen",
+        "partition",
+        "server-frozen",
+        "server-restarted",
+        "session-killed",
+    ],
     "redlock": ["cancellation", "holder-killed", "redlock-minority", "redlock-majority"],
     "sentinel": ["failover"],
     "memory": ["renewals-stalled"],
@@ -52,6 +62,7 @@ ELECTION_SCENARIOS = {
     "etcd": ["holder-killed", "holder-frozen"],
     "redis": ["holder-frozen"],
     "postgres": ["holder-frozen"],
+    "mysql": ["holder-killed", "holder-frozen", "session-killed"],
 }
 #: the torture tier: every scenario that applies, longer, with more workers
 TORTURE = Settings(workers=6, duration=15.0, ttl=1.0, faults=10_000, margin=1.0)
@@ -84,6 +95,16 @@ def fault_postgres() -> Iterator[PostgresServer]:
     loses the last commits, token increments included, and a token comes again."""
     server = PostgresServer(extra=["-c", "synchronous_commit=on"])
     server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def fault_mysql() -> Iterator[MariaDBServer]:
+    """A MariaDB that these tests may freeze, restart and whose sessions they KILL (each commit
+    flushed: a crash loses no token increment)."""
+    server = MariaDBServer(extra=["--innodb-flush-log-at-trx-commit=1"])
+    server.start(timeout=60)
     yield server
     server.cleanup()
 
@@ -157,11 +178,15 @@ async def _target(request: pytest.FixtureRequest, kind: str) -> Target:
         setup: SentinelSetup = request.getfixturevalue("fault_sentinel")
         return SentinelTarget(setup.url, setup)
     if kind == "redis":
-        server: RedisServer | ZooKeeperServer | PostgresServer | EtcdServer = request.getfixturevalue("fault_redis")
+        server: RedisServer | ZooKeeperServer | PostgresServer | EtcdServer | MariaDBServer = request.getfixturevalue(
+            "fault_redis"
+        )
     elif kind == "zookeeper":
         server = request.getfixturevalue("zookeeper_server")
     elif kind == "etcd":
         server = request.getfixturevalue("etcd_server")
+    elif kind == "mysql":
+        server = request.getfixturevalue("fault_mysql")
     else:
         server = request.getfixturevalue("fault_postgres")
     return target_for(server.url, server)

@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 import asynclock
 from tests.harnesses import Harness, MemoryHarness, RedisHarness, insides
 from tests.servers import RedisServer, scaled
+from tests.servers.mysql import MariaDBServer
 from tests.servers.postgres import PostgresServer
 from tests.servers.zookeeper import ZooKeeperServer
 
@@ -275,3 +276,15 @@ def test_model_postgres(postgres_server: PostgresServer) -> None:
             return PostgresHarness(postgres_server)
 
     run_state_machine_as_test(Postgres, settings=MODEL_SETTINGS)
+
+
+def test_model_mysql(mysql_server: MariaDBServer) -> None:
+    from tests.harnesses.mysql import MySQLHarness
+
+    class MySQL(LockModel):
+        url = mysql_server.url
+
+        def make_harness(self) -> Harness:
+            return MySQLHarness(mysql_server)
+
+    run_state_machine_as_test(MySQL, settings=MODEL_SETTINGS)

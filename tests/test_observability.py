@@ -42,7 +42,7 @@ HOLDER = textwrap.dedent(
 )
 
 
-SERVER_BACKENDS = ["redis", "redlock", "zookeeper", "postgres"]
+SERVER_BACKENDS = ["redis", "redlock", "zookeeper", "postgres", "mysql"]
 
 
 @pytest.fixture(params=SERVER_BACKENDS)
@@ -53,6 +53,7 @@ def server_url(request: pytest.FixtureRequest) -> str:
         "redlock": "redlock_nodes",
         "zookeeper": "zookeeper_server",
         "postgres": "postgres_server",
+        "mysql": "mysql_server",
     }[kind]
     return str(request.getfixturevalue(fixture).url)
 
@@ -125,7 +126,7 @@ def test_inspect_shows_the_hold_count_kept_on_redis(redis_server: RedisServer) -
 
 
 def test_inspect_reports_errors_with_a_status(redis_server: RedisServer) -> None:
-    done = _inspect("mysql://nowhere/db", "x")
+    done = _inspect("mssql://nowhere/db", "x")
     assert done.returncode == 1 and "scheme" in done.stderr
     done = _inspect(redis_server.url, "--prefix", "nothing-here-at-all")
     assert done.returncode == 0 and done.stdout.strip() == "no locks held"

@@ -115,6 +115,7 @@ def test_metadata_one_version_license_and_no_dev_tools(dist: Path) -> None:
         "redis",
         "zookeeper",
         "postgres",
+        "mysql",
         "etcd",
         "otel",
         "examples",

@@ -26,13 +26,13 @@ SHORT = scaled(0.3)
 
 #: The backends whose fair lock is their plain lock on the server (one key, one hold):
 #: the suites that run on the plain lock cover it there.
-FAIR_IS_PLAIN = ["redis", "zookeeper", "postgres", "etcd"]
+FAIR_IS_PLAIN = ["redis", "zookeeper", "postgres", "etcd", "mysql"]
 
 #: The backends that serve each primitive.
 SUPPORT: dict[str, list[str]] = {
-    "fair": ["memory", "redis", "zookeeper", "postgres", "etcd"],
+    "fair": ["memory", "redis", "zookeeper", "postgres", "etcd", "mysql"],
     "rw": ["memory", "redis", "zookeeper", "postgres", "etcd"],
-    "semaphore": ["memory", "redis", "zookeeper", "postgres", "etcd"],
+    "semaphore": ["memory", "redis", "zookeeper", "postgres", "etcd", "mysql"],
 }
 
 

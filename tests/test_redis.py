@@ -427,7 +427,7 @@ async def test_unreachable_server_raises_backend_unavailable_within_the_timeout(
 
 async def test_bad_urls_and_objects() -> None:
     with pytest.raises(ValueError, match="scheme"):
-        asynclock.connect("mysql://localhost/db")
+        asynclock.connect("mssql://localhost/db")
     with pytest.raises(ValueError):
         asynclock.connect("nothing-here")
     with pytest.raises(TypeError):

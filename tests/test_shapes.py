@@ -29,7 +29,7 @@ SHAPES: dict[str, list[str]] = {
     # (one key, one hold), which tests/test_contract.py runs on already.
     "fair": ["memory"],
     "write": ["memory", "redis", "zookeeper", "postgres", "etcd"],
-    "semaphore": ["memory", "redis", "zookeeper", "postgres", "etcd"],
+    "semaphore": ["memory", "redis", "zookeeper", "postgres", "etcd", "mysql"],
 }
 PAIRS = [f"{backend}/{shape}" for shape, backends in SHAPES.items() for backend in backends]
 

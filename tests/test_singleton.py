@@ -251,7 +251,9 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("server", ["zookeeper_server", "redis_server", "postgres_server", "etcd_server"])
+@pytest.mark.parametrize(
+    "server", ["zookeeper_server", "redis_server", "postgres_server", "etcd_server", "mysql_server"]
+)
 async def test_four_processes_with_skewed_schedules_run_it_once_per_window(
     server: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

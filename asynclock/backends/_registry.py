@@ -77,6 +77,12 @@ def _postgres(url: str, common: Common, options: dict[str, Any]) -> tuple[Backen
     return PostgresBackend.from_url(url, prefix=common.prefix, connect_timeout=common.connect_timeout, **options), None
 
 
+def _mysql(url: str, common: Common, options: dict[str, Any]) -> tuple[Backend, float | None]:
+    from .mysql import MySQLBackend
+
+    return MySQLBackend.from_url(url, prefix=common.prefix, connect_timeout=common.connect_timeout, **options), None
+
+
 def _zookeeper(url: str, common: Common, options: dict[str, Any]) -> tuple[Backend, float | None]:
     from .zookeeper import ZooKeeperBackend
 
@@ -109,6 +115,7 @@ SCHEMES: dict[str, Scheme] = {
         Scheme(("memory",), _memory),
         Scheme(("redis", "rediss", "unix"), _redis),
         Scheme(("postgresql", "postgres"), _postgres),
+        Scheme(("mysql", "mariadb"), _mysql),
         Scheme(("zk",), _zookeeper),
         Scheme(("etcd", "etcds"), _etcd),
         Scheme(("redlock",), _redlock),

@@ -41,9 +41,9 @@ from tests.faults.scenarios import SCENARIOS, Outcome, Settings
 from tests.servers import RedisServer
 
 #: lock services the command can start itself (``--own``)
-OWN = ("redis", "redlock", "sentinel", "zookeeper", "postgres", "etcd")
+OWN = ("redis", "redlock", "sentinel", "zookeeper", "postgres", "etcd", "mysql")
 #: target kinds that have leader elections (``--workload election``)
-ELECTS = ("zookeeper", "etcd", "redis", "sentinel", "postgres")
+ELECTS = ("zookeeper", "etcd", "redis", "sentinel", "postgres", "mysql")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -136,6 +136,13 @@ def _own(kind: str, owned: list[Any]) -> Target:
         owned.append(etcd)
         etcd.start()
         return target_for(etcd.url, etcd)
+    if kind == "mysql":
+        from tests.servers.mysql import MariaDBServer
+
+        mysql = MariaDBServer(extra=["--innodb-flush-log-at-trx-commit=1"])  # (a crash must not lose commits)
+        owned.append(mysql)
+        mysql.start(timeout=60)
+        return target_for(mysql.url, mysql)
     from tests.servers.postgres import PostgresServer
 
     postgres = PostgresServer(extra=["-c", "synchronous_commit=on"])  # (a crash must not lose commits)

@@ -4,10 +4,11 @@
   done with the test (tasks named ``asynclock-*``, or whose coroutine is
   defined in the ``asynclock`` package);
 * no "Task exception was never retrieved" logged by asyncio;
-* the session redis-server, ZooKeeper server and PostgreSQL server have no
-  more client connections than before the test (PostgreSQL: client backends
-  in ``pg_stat_activity``; a closed connection's backend may take a moment to
-  exit, so the count is given a few seconds to settle).
+* the session redis-server, ZooKeeper server, PostgreSQL and MariaDB servers
+  have no more client connections than before the test (PostgreSQL: client
+  backends in ``pg_stat_activity``; MariaDB: its process list; a closed
+  connection's session may take a moment to end, so the count is given a few
+  seconds to settle).
 """
 
 from __future__ import annotations
@@ -135,6 +136,13 @@ def postgres_connections(url: str) -> int:
     if isinstance(found[0], BaseException):
         raise found[0]
     return found[0]
+
+
+def mysql_connections(server: Any) -> int:
+    """Client sessions of a MariaDB server we started (its process list, through the ``mariadb``
+    client over the server's unix socket), not counting the one asking nor the server's own threads."""
+    output = server.sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND <> 'Daemon'")
+    return int(output.strip()) - 1
 
 
 def wait_connections(count: Callable[[], int], baseline: int, timeout: float = 3.0) -> int:

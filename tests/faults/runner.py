@@ -176,6 +176,61 @@ class PostgresTarget(Target):
         ]
 
 
+class MySQLTarget(Target):
+    """MySQL or MariaDB; its sessions can be ended with ``KILL`` (:meth:`kill_holder`)."""
+
+    kind = "mysql"
+    #: the server ends a dead client's session after its wait_timeout, in whole seconds (at
+    #: least one): for the short ttls of these runs up to twice the ttl
+    lease_factor = 2.0
+
+    async def _admin(self) -> Any:
+        import asyncmy
+
+        parts = urlsplit(self.url)
+        return await asyncmy.connect(
+            host=parts.hostname,
+            port=parts.port or 3306,
+            user=parts.username or "root",
+            password=parts.password or "",
+            database=parts.path.lstrip("/"),
+            autocommit=True,
+        )
+
+    async def leftovers(self, prefix: str, clients: list[str]) -> list[str]:
+        """Keys of the run's fence table still held by a session (locks, elections, semaphore slots)."""
+        conn = await self._admin()
+        try:
+            cursor = conn.cursor()
+            await cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+                (f"{prefix}_fence",),
+            )
+            if not (await cursor.fetchone())[0]:
+                return []
+            await cursor.execute(f"SELECT k, IS_USED_LOCK(k) FROM `{prefix}_fence`")
+            return [f"{key} held by connection {holder}" for key, holder in await cursor.fetchall() if holder]
+        finally:
+            conn.close()
+
+    async def kill_holder(self, prefix: str, name: str, workload: str) -> bool:
+        """End the session holding the run's lock (or its election) with ``KILL``; whether one did."""
+        from asynclock.backends.mysql import election_key, lock_key
+
+        key = election_key(prefix, name) if workload == "election" else lock_key(prefix, name)
+        conn = await self._admin()
+        try:
+            cursor = conn.cursor()
+            await cursor.execute("SELECT IS_USED_LOCK(%s)", (key,))
+            (holder,) = await cursor.fetchone()
+            if holder is None:
+                return False
+            await cursor.execute("KILL %s", (holder,))
+            return True
+        finally:
+            conn.close()
+
+
 class RedlockTarget(Target):
     """``redlock://`` over independent redis-servers; ``nodes`` when we started them
     (then a minority or a majority of them can be killed)."""
@@ -250,6 +305,8 @@ def target_for(url: str, server: ServerProcess | None = None) -> Target:
         return PostgresTarget(url, server)
     if scheme in ("etcd", "etcds"):
         return EtcdTarget(url, server)
+    if scheme in ("mysql", "mariadb"):
+        return MySQLTarget(url, server)
     raise ValueError(f"no fault target for {url!r}")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import asynclock
 from tests.faults.checker import StaleWindow, Verdict
-from tests.faults.runner import RedisTarget, RedlockTarget, Run, SentinelTarget, Target
+from tests.faults.runner import MySQLTarget, RedisTarget, RedlockTarget, Run, SentinelTarget, Target
 from tests.servers.base import SCALE
 from tests.servers.redis import RedisServer
 
@@ -258,9 +258,9 @@ async def holder_frozen(target: Target, store_url: str, workdir: Path, settings:
 
 
 async def partition(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
-    """Black-hole the holder's connection for 1.5 to 2.5 ttl: its body is cancelled
-    before anyone else acquires (the checker's no-overlap rule, with no stale
-    window), and someone else does acquire meanwhile."""
+    """Black-hole the holder's connection for 1.5 to 2.5 ttl (times the target's lease
+    factor): its body is cancelled before anyone else acquires (the checker's
+    no-overlap rule, with no stale window), and someone else does acquire meanwhile."""
     ttl = settings.scaled_ttl()
 
     async def body(run: Run, rng: random.Random) -> None:
@@ -273,7 +273,8 @@ async def partition(target: Target, store_url: str, workdir: Path, settings: Set
             cut = time.monotonic()
             victim.proxy.blackhole()
             run.faults += 1
-            await asyncio.sleep(rng.uniform(1.5, 2.5) * ttl)
+            # (past the server's own lease of the holder: a ttl, or whole seconds of it)
+            await asyncio.sleep(rng.uniform(1.5, 2.5) * ttl * target.lease_factor)
             taken = await run.next_start(cut, victim, timeout=0)
             victim.proxy.heal()
             if taken is None:
@@ -362,7 +363,7 @@ async def server_restarted(target: Target, store_url: str, workdir: Path, settin
 
 
 async def server_restarted_kept(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
-    """Kill the ZooKeeper or PostgreSQL server (SIGKILL, or now and then a clean stop)
+    """Kill the ZooKeeper, PostgreSQL or MySQL server (SIGKILL, or now and then a clean stop)
     while a worker holds, and start it again on the same port and data directory.
 
     ZooKeeper keeps sessions and ephemeral nodes in its snapshot and log: the
@@ -372,12 +373,13 @@ async def server_restarted_kept(target: Target, store_url: str, workdir: Path, s
     advisory locks die with their connections: a holder learns at its next
     ping or by its deadline, so it may overlap a new holder until then (a
     stale window of one ttl after the restart, where the fence must refuse
-    it), and it must lose its lease. Tokens live in a table and must keep
-    increasing; the counter must lose nothing; work must resume."""
+    it), and it must lose its lease; so do MySQL's named locks. Tokens live in
+    a table and must keep increasing; the counter must lose nothing; work
+    must resume."""
     ttl = settings.scaled_ttl()
     server = target.server
     assert server is not None and hasattr(server, "restart")
-    holds_vanish = target.kind == "postgres"
+    holds_vanish = target.kind in ("postgres", "mysql")
     loop = asyncio.get_running_loop()
 
     async def body(run: Run, rng: random.Random) -> None:
@@ -400,6 +402,35 @@ async def server_restarted_kept(target: Target, store_url: str, workdir: Path, s
         await _until_done(run)
 
     return await _run("server restarted", target, store_url, workdir, settings, body, **_long(ttl))
+
+
+async def session_killed(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
+    """End the holder's session on the server (MySQL's ``KILL``: an administrator, a
+    connection reaper) inside a long section. Its locks go at once, so another worker
+    may overlap it until it learns at its next ping (ttl/3) or by its deadline: a stale
+    window of one ttl, where the fence must refuse it; it must lose its lease, and work
+    must go on."""
+    ttl = settings.scaled_ttl()
+    assert isinstance(target, MySQLTarget)
+
+    async def body(run: Run, rng: random.Random) -> None:
+        deadline = time.monotonic() + settings.duration * SCALE
+        while run.faults < settings.faults and time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0.2, 1.0) * ttl)
+            victim = await run.holder(timeout=20 * ttl, min_hold=3 * ttl)
+            if victim is None:
+                continue
+            killed_at = time.monotonic()
+            if not await target.kill_holder(run.prefix, "fault", settings.workload):
+                run.expect_lost.pop()  # (it let go just before: no loss to expect)
+                continue
+            run.faults += 1
+            run.stale.append(StaleWindow(killed_at, time.monotonic() + ttl))
+            if not await _work_resumes(run, killed_at, 10 * ttl):
+                run.extra_violations.append("no section started after the session was killed")
+        await _until_done(run)
+
+    return await _run("session killed", target, store_url, workdir, settings, body, **_long(ttl))
 
 
 async def renewals_stalled(target: Target, store_url: str, workdir: Path, settings: Settings) -> Outcome:
@@ -712,7 +743,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("latency", latency, proxy=True),
     Scenario("server-frozen", server_frozen, own_server=True),
     Scenario("restarted-empty", server_restarted, kinds=("redis",), own_server=True),
-    Scenario("server-restarted", server_restarted_kept, kinds=("zookeeper", "postgres"), own_server=True),
+    Scenario("server-restarted", server_restarted_kept, kinds=("zookeeper", "postgres", "mysql"), own_server=True),
+    Scenario("session-killed", session_killed, kinds=("mysql",), tokens=True),
     Scenario("renewals-stalled", renewals_stalled, kinds=("memory",)),
     Scenario("script-flush", script_flush, kinds=("redis",)),
     Scenario("pubsub-killed", pubsub_killed, kinds=("redis",)),

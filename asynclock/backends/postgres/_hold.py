@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...abc import LockRef
+from .._turns import Turns
 from ._keys import Key, marker_key
-from ._turns import Turns
 
 __all__ = ["Hold", "KeyState", "Session"]
 
@@ -58,7 +58,7 @@ class Session(Turns):
 class KeyState(Turns):
     """One advisory key (a lock, a read-write lock, or a semaphore's gate) as this client holds and waits for it.
 
-    Its :class:`~._turns.Turns` are this client's requests about the key, one at a time.
+    Its :class:`~asynclock.backends._turns.Turns` are this client's requests about the key, one at a time.
     """
 
     __slots__ = (

@@ -1,7 +1,7 @@
 """Turns: one request at a time, in the order they asked, without an await for the first.
 
-A session runs one statement at a time, and a client sends one request at a
-time about one advisory key; both take turns the same way.
+Shared by backends: a PostgreSQL or MySQL session runs one statement at a time, and a
+client sends one request at a time about one lock key; both take turns the same way.
 """
 
 from __future__ import annotations
