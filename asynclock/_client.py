@@ -203,11 +203,12 @@ class Locks:
         if isinstance(token, bool) or not isinstance(token, int):
             raise TypeError(f"token must be an int, not {type(token).__name__}")
         no_tokens = f"{self._core.backend.scheme}:// gives no fencing tokens to check"
-        if "fencing" not in getattr(self._core.backend, "guarantees", {"fencing"}):
+        declared = getattr(self._core.backend, "guarantees", None)
+        if declared is not None and "fencing" not in declared:
             raise NotImplementedError(no_tokens)
         info = await Lock(self._core, ref, self._core.ttl).info()
-        if info.owner is not None and info.token is None:
-            raise NotImplementedError(no_tokens)
+        if info.owner is not None and info.token is None and declared is None:
+            raise NotImplementedError(no_tokens)  # (with tokens declared, a holder without one is a foreign client's)
         return info.owner is not None and info.token == token
 
     async def break_lock(self, name: str, *, owner: str | None = None) -> LockInfo | None:

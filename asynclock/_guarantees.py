@@ -319,6 +319,35 @@ TABLE: dict[str, Configuration] = {
             ),
         },
     ),
+    "mysql": Configuration(
+        "`mysql://`, `mariadb://`",
+        _words("fencing", "fifo", "reentrant", "notifications", "session", "interop"),
+        notes={
+            "fencing": (
+                "Counted in an InnoDB table in the statement that takes the lock: committed with the grant, so"
+                " tokens keep increasing across clients and restarts of the server."
+            ),
+            "notifications": (
+                "A waiter blocks in the server's GET_LOCK, which the release or the end of the holder's session"
+                " wakes at once."
+            ),
+            "survives_failover": "Named locks are not replicated: a promoted replica knows no locks.",
+            "session": (
+                "A named lock of a session; a client's holds share a few sessions, and a session that ends"
+                " (KILL, a restart, its wait_timeout) loses exactly its holds; the holder finds out at its next"
+                " ping, within a third of the ttl."
+            ),
+            "interop": "The lock's key is the exact GET_LOCK name: any MySQL client's GET_LOCK on it is excluded.",
+        },
+        tests={
+            "fencing": (_TOKENS, "tests/test_mysql.py::test_tokens_keep_increasing_after_a_server_crash"),
+            "fifo": (_FAIR, "tests/test_mysql.py::test_twenty_waiters_wait_on_one_session_and_get_it_in_line_order"),
+            "reentrant": (_REENTRY,),
+            "notifications": ("tests/test_mysql.py::test_the_next_waiter_is_woken_by_the_release_at_once",),
+            "session": ("tests/test_mysql.py::test_holds_share_sessions_and_a_killed_session_loses_exactly_its_holds",),
+            "interop": ("tests/test_mysql.py::test_the_mariadb_client_and_asynclock_exclude_each_other_on_info_key",),
+        },
+    ),
 }
 
 

@@ -55,6 +55,8 @@ URLS = {
     "zk://127.0.0.1:1/app": "zookeeper",
     "etcd://127.0.0.1:1": "etcd",
     "postgresql://app@127.0.0.1:1/db": "postgres",
+    "mysql://app@127.0.0.1:1/db": "mysql",
+    "mariadb://app@127.0.0.1:1/db": "mysql",
 }
 
 
@@ -226,7 +228,7 @@ def test_the_writer_replaces_only_what_lies_between_the_markers(tmp_path: Path) 
 
 #: The configurations the claims are checked on (Sentinel runs the same code as one Redis; its
 #: own claims are backed by the tests the table names).
-CLAIMED = ["memory", "redis", "redis+replicas", "redis+cluster", "redlock", "zookeeper", "etcd", "postgres"]
+CLAIMED = ["memory", "redis", "redis+replicas", "redis+cluster", "redlock", "zookeeper", "etcd", "postgres", "mysql"]
 
 
 @pytest.fixture(scope="module")

@@ -142,6 +142,7 @@ async def test_the_mariadb_client_and_asynclock_exclude_each_other_on_info_key(
     assert await cli.ask(f"SELECT GET_LOCK({quoted}, 0)") == "1"
     info = await lock.info()
     assert info.owner is not None and info.owner.startswith("connection ") and info.token is None
+    assert await locks.check(name, 1) is False  # a foreign holder has no token: none of ours is current
     with pytest.raises(LockTimeout):
         await lock.acquire(timeout=0)
     waiting = asyncio.create_task(lock.acquire(timeout=scaled(10), detached=True))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import BackendUnavailable, LockError
+from ..._guarantees import TABLE
 from ..._options import DEFAULT_CONNECT_TIMEOUT, whole
 from ..._values import Leader, LockInfo
 from ...abc import Acquired, BackendHooks, Busy, Kind, LeaderWatch, LockRef, Queued, RenewItem, unsupported
@@ -40,6 +41,8 @@ class MySQLBackend:
     """Locks on one MySQL or MariaDB server: named locks (``GET_LOCK``) held by a few shared sessions."""
 
     scheme = "mysql"
+    #: What it guarantees (``locks.guarantees``): its row of :data:`asynclock._guarantees.TABLE`.
+    guarantees = TABLE["mysql"].words
 
     def __init__(
         self,
