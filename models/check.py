@@ -394,11 +394,14 @@ def _number(pattern: str, text: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def run(model: Model, prop: Property, mutant: Mutant | None = None, workdir: Path | None = None) -> Result:
-    """Build and run pan for ``prop`` of ``model`` (with ``mutant`` switched on) in ``workdir`` (a temporary one)."""
+def run(
+    model: Model, prop: Property, mutant: Mutant | None = None, workdir: Path | None = None, depth: int = DEPTH
+) -> Result:
+    """Build and run pan for ``prop`` of ``model`` (with ``mutant`` switched on) in ``workdir``
+    (a temporary one), with pan's search depth limit ``depth``."""
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix=f"spin-{model.name}-") as tmp:
-            return run(model, prop, mutant, Path(tmp))
+            return run(model, prop, mutant, Path(tmp), depth)
     started = time.monotonic()
     source = workdir / model.path.name
     shutil.copyfile(model.path, source)
@@ -407,7 +410,7 @@ def run(model: Model, prop: Property, mutant: Mutant | None = None, workdir: Pat
     # safety: no never claim, no cycle detection; liveness: room for weak fairness over every process
     flags = ["-DSAFETY", "-DNOCLAIM"] if prop.ltl is None else ["-DNFAIR=5"]
     _call(["gcc", "-w", OPTIMISE, f"-DMEMLIM={MEMORY_MB}", *flags, "-o", "pan", "pan.c"], workdir)
-    args = ["./pan", f"-m{DEPTH}", f"-w{HASH}"]
+    args = ["./pan", f"-m{depth}", f"-w{HASH}"]
     if prop.ltl is not None:
         args += ["-a", "-f", "-N", prop.ltl]
     done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, timeout=600, check=False)

@@ -29,6 +29,9 @@ command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
 # etcd (one member, or three on loopback) and etcdctl for the lock interop tests
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+# The SPIN models (tests/test_models.py): spin writes each model out as C, gcc compiles it
+command -v spin >/dev/null 2>&1 || missing+=(spin)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing: ${missing[*]}"
