@@ -250,6 +250,35 @@ MODELS: tuple[Model, ...] = (
         ),
     ),
     Model(
+        "redlock",
+        (_safety("at most one client is inside its body, with one node of three crashing (back after a ttl)"),),
+        (
+            Mutant("NO_QUORUM", SAFETY, ASSERTION, "one node's yes is taken for the lock"),
+            Mutant(
+                "VALIDITY_FROM_ANSWER",
+                SAFETY,
+                ASSERTION,
+                "the validity counted from the last answer, not the send: the body outlives the nodes' keys",
+            ),
+            Mutant("RENEW_ON_ANY", SAFETY, ASSERTION, "a renewal that reached one node keeps the lease"),
+            Mutant(
+                "RESTART_AT_ONCE",
+                SAFETY,
+                ASSERTION,
+                "a crashed node comes back empty at once: the holder's majority shrinks and a second client"
+                " gets a majority while the first still believes",
+                assumption=True,
+            ),
+            Mutant(
+                "CLOCK_JUMP",
+                SAFETY,
+                ASSERTION,
+                "a node's clock jumps and its key expires early: the same",
+                assumption=True,
+            ),
+        ),
+    ),
+    Model(
         "zookeeper_lock",
         (
             _safety(
