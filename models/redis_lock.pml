@@ -28,8 +28,9 @@
  * reach the server in the order they were sent. Hand-over messages are published
  * by a script and arrive within MSG_WINDOW ticks or never.
  *
- * Bounds: N clients, each making ACQS acquisitions (so the search ends: every
- * interleaving of those is explored, with the clock running on), CRASHES crashes.
+ * Bounds: N clients, client 0 making ACQS acquisitions and the others one, one at
+ * a time; CRASHES crashes; the clock stops once GRANTS tokens were issued. Every
+ * interleaving within those bounds is explored.
  *
  * Built with -DLIVENESS: no clock (no expiry, no renewal, no crash), clients that
  * take and release the lock for ever, hold ids reused once their clean-up ran.

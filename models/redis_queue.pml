@@ -1,7 +1,7 @@
 /*
- * The Redis queued resource (the read-write lock, and the semaphore) on one
- * server: the queue_*.lua scripts, the client's side of their queue, and the
- * front's trusted deadline.
+ * The Redis queued resource, as the read-write lock, on one server: the
+ * queue_*.lua scripts (which the semaphore shares), the client's side of their
+ * queue, and the front's trusted deadline.
  *
  * Mirrors, step by step (each step below names its source):
  *   asynclock/backends/redis/_scripts/queue_prelude.lua   prune(), fits(), grant(), serve()
@@ -279,8 +279,8 @@ inline renew_script(h) {
     fi
 }
 
-/* properties: the live holders are one writer or readers only (at most PERMITS of a
-   semaphore); whoever is inside its body is a live holder, with its token */
+/* properties: the live holders are one writer or readers only; whoever is inside
+   its body is a live holder, with its token */
 inline check() {
     s_n = 0; s_k = 0; s_h = 1;
     do

@@ -29,7 +29,8 @@
  * cancellation is delivered, which only a fencing token could catch, and Redlock
  * has none.
  *
- * Bounds: two clients, one acquisition each; the clock stops when they ended. No liveness property: Redlock promises no fairness
+ * Bounds: two clients, one acquisition each; one node crash; the clock stops when
+ * the acquisitions ended. No liveness property: Redlock promises no fairness
  * (waiters race).
  */
 

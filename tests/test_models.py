@@ -15,6 +15,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ def _tail(output: str) -> str:
 
 @needs_spin
 @pytest.mark.parametrize(("model", "prop"), PROPERTIES, ids=[f"{m.name}-{p.name}" for m, p in PROPERTIES])
-def test_every_property_of_every_model_verifies(model: object, prop: object, tmp_path: Path) -> None:
+def test_every_property_of_every_model_verifies(model: Any, prop: Any, tmp_path: Path) -> None:
     result = check.run(model, prop, workdir=tmp_path)
     failure = check.verdict(prop, result)
     assert failure is None, f"{failure}\n{_tail(result.output)}"
@@ -53,8 +54,8 @@ def test_every_property_of_every_model_verifies(model: object, prop: object, tmp
 
 @needs_spin
 @pytest.mark.parametrize(("model", "mutant"), MUTANTS, ids=[f"{m.name}-{x.define}" for m, x in MUTANTS])
-def test_every_mutant_is_caught_with_a_trail(model: object, mutant: object, tmp_path: Path) -> None:
-    result = check.run(model, model.property(mutant.caught_by), mutant, workdir=tmp_path)  # type: ignore[attr-defined]
+def test_every_mutant_is_caught_with_a_trail(model: Any, mutant: Any, tmp_path: Path) -> None:
+    result = check.run(model, model.property(mutant.caught_by), mutant, workdir=tmp_path)
     failure = check.mutant_verdict(mutant, result)
     assert failure is None, f"{failure}\n{_tail(result.output)}"
     assert result.errors >= 1 and result.trail
