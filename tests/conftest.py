@@ -34,10 +34,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: makes its module-scoped fixtures (a build, a Sentinel group of five servers)
 #: once; each worker starts the session servers its modules use. These modules are
 #: exceptions to that rule (see ``pytest_xdist_make_scheduler``):
-#: the longest one, whose tests go one by one to whichever worker is free (each of
+#: the longest ones, whose tests go one by one to whichever worker is free (each of
 #: those starts the module's servers: a few seconds, against minutes of waiting
-#: on one worker);
-SPREAD_MODULES = {"test_faults.py"}
+#: on one worker; the SPIN models' runs need no server at all);
+SPREAD_MODULES = {"test_faults.py", "test_models.py"}
 #: and those that use the machine's DNS resolver, which run one after another on one
 #: worker: the config tests look up names that do not resolve (a client retries such
 #: a lookup until its connect timeout) and the packaging test installs from the

@@ -33,6 +33,9 @@ command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 { command -v mariadb-install-db && { command -v mariadbd || [ -x /usr/sbin/mariadbd ]; }; } >/dev/null 2>&1 \
     || missing+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
+# The SPIN models (tests/test_models.py): spin writes each model out as C, gcc compiles it
+command -v spin >/dev/null 2>&1 || missing+=(spin)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing: ${missing[*]}"

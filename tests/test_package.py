@@ -27,7 +27,7 @@ from tests.servers import RedisServer
 ROOT = Path(__file__).resolve().parent.parent
 
 #: What the sdist carries besides the package: the tests and whatever they read or run.
-SDIST_DIRS = (".ci", "asynclock", "benchmarks", "docs", "examples", "requirements", "tests")
+SDIST_DIRS = (".ci", "asynclock", "benchmarks", "docs", "examples", "models", "requirements", "tests")
 SDIST_FILES = ("CHANGELOG.md", "LICENSE", "README.md", "compose.yaml", "mkdocs.yml", "pyproject.toml")
 #: Files the build writes into the sdist itself.
 SDIST_GENERATED = ("PKG-INFO", ".gitignore")

@@ -203,6 +203,61 @@ async def test_a_queued_holds_poll_to_a_silent_server_fails_after_a_ttl(redis_fr
         await backend.aclose()
 
 
+async def test_a_hand_over_message_that_arrives_while_a_poll_is_out_is_confirmed_not_trusted(
+    redis_fresh: RedisServer, admin: aioredis.Redis
+) -> None:
+    """The lock is handed to a waiter whose message is held up; that grant expires
+    unrenewed and another client takes the lock; the message arrives while the
+    waiter's next poll is out, and the poll answers "still queued". The waiter must
+    not take the message's grant as its own: counted from that poll's send time, its
+    lease would run while the other client holds the lock. It polls again instead
+    (and stays queued), which a grant that is still its own would survive."""
+    ttl = scaled(1.0)  # the waiter's: its queue entry outlives the steps up to the hand-over
+    name = "stale-hand-over"
+    ref = LockRef("lock", name)
+    loop = asyncio.get_running_loop()
+    async with (
+        asynclock.connect(redis_fresh.url, ttl=ttl, prefix="sh") as holders,
+        asynclock.connect(redis_fresh.url, ttl=ttl, prefix="sh") as waiting,
+    ):
+        other, waiter = redis_backend(holders), redis_backend(waiting)
+        assert isinstance(await other.try_acquire(ref, "first", scaled(30), enqueue=False), Acquired)
+        assert isinstance(await waiter.try_acquire(ref, "waiter", ttl, enqueue=True), Queued)
+        listener, channel = redis_listener(waiting), handover_channel(waiting)
+        async with asyncio.timeout(scaled(5)):  # (its first subscription is confirmed in the background)
+            while (await admin.pubsub_numsub(channel))[0][1] < 1:
+                await asyncio.sleep(0.01)
+        on_message, on_resync = route(listener, channel)
+        held: list[bytes] = []
+        set_route(listener, channel, held.append, on_resync)  # the waiter's messages are held up
+        assert await other.release(ref, "first")  # handed to the waiter
+        await eventually(lambda: bool(held), scaled(5), "the hand-over message")
+        assert held[0].startswith(b"waiter ")
+        set_route(listener, channel, on_message, on_resync)
+        await asyncio.sleep(2 * ttl)  # the waiter's grant expires: nobody renews it
+        assert isinstance(await other.try_acquire(ref, "second", scaled(30), enqueue=False), Acquired)
+
+        exclusive = redis_exclusive(waiting)
+        enter = exclusive.enter
+
+        async def arriving_during_the_poll(*args: Any, **kwargs: Any) -> Any:
+            on_message(held[0])  # the held-up message arrives once the poll is sent
+            return await enter(*args, **kwargs)
+
+        exclusive.enter = arriving_during_the_poll  # type: ignore[method-assign]
+        try:
+            first = await waiter.wait_queued(ref, "waiter", ttl, loop.time())  # due now: it polls
+        finally:
+            del exclusive.enter
+        assert isinstance(first, Queued)
+        again = await waiter.wait_queued(ref, "waiter", ttl, loop.time() + scaled(5))
+        assert isinstance(again, Queued), "the held-up grant was taken for the waiter's own"
+        info = await holders.lock(name).info()
+        assert info.owner == "second"
+        assert await waiter.release(ref, "waiter") is False  # (out of the queue)
+        assert await other.release(ref, "second")
+
+
 async def test_dropped_pubsub_connection_does_not_strand_waiters(
     redis_fresh: RedisServer, admin: aioredis.Redis
 ) -> None:

@@ -164,12 +164,18 @@ class Waiting:
     """A hold of this client that waits in a server's queue.
 
     ``queued_at``: the send time of the last request the server answered
-    "still queued". A hand-over (by another client's release, or by a script
-    that found the holder expired) happens after that request was served,
-    hence after it was sent, and sets the hold's expiry from that moment:
-    counting the lease from this send time is conservative, whichever way
-    the news arrives. ``poll_at``: when the hold must poll, to keep its entry
-    alive (a third of its ttl) or when the holder's lease ends, if sooner.
+    "still queued". A hand-over whose message arrives after that answer (by
+    another client's release, or by a script that found the holder expired)
+    happened after that request was served, hence after it was sent, and set
+    the hold's expiry from that moment: counting the lease from this send
+    time is conservative. (A message held up longer than its grant could
+    live dies with its pub/sub connection, whose health check replaces a
+    connection silent for a third of a ttl.) A message that arrives while a
+    request is out may be older than the answer: handed over, then expired
+    before the request ran. It is not trusted (see
+    :meth:`QueueClient.wait_queued`). ``poll_at``: when the hold must poll,
+    to keep its entry alive (a third of its ttl) or when the holder's lease
+    ends, if sooner.
     """
 
     ref: LockRef
@@ -305,6 +311,11 @@ class QueueClient:
             raise BackendUnavailable(f"{connection.where} did not answer within {bound:.3g} s") from exc
         if entered.token is not None:
             return self._granted(ref, hold, Acquired(entered.token, confirmed_at=sent))  # this request reset the expiry
+        # A hand-over message that arrived while this poll was out may announce a
+        # grant older than the answer "still queued" (it expired before the poll
+        # ran, and another may hold the lock now): it only wakes the hold, whose
+        # next poll, at once, confirms a grant that is still its own.
+        ticket.token = None
         return Queued(waiting.queued(sent, entered))
 
     def _granted(self, ref: LockRef, hold: str, acquired: Acquired) -> Acquired:
