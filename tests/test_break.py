@@ -220,18 +220,24 @@ async def test_a_postgres_holder_that_is_not_asynclock_has_its_session_ended(pg:
         broken = await operator.break_lock("raw")
         assert broken is not None and broken.owner is not None and f"pid {raw.get_server_pid()}" in broken.owner
         lease = await asyncio.wait_for(got, scaled(5))  # told at once, not at its next look
-        assert raw.is_closed() or not await _alive(raw)
+        assert not await _session_alive(pg, raw.get_server_pid())
         await lease.release()
     finally:
         raw.terminate()
 
 
-async def _alive(conn: asyncpg.Connection) -> bool:
+async def _session_alive(pg: PostgresHarness, pid: int) -> bool:
+    """Whether the server still has the session ``pid``, asked on a connection of its own (the
+    ended session's own client may be in any state), after the server had a moment to end it."""
+    admin = await asyncpg.connect(pg.server.dsn)
     try:
-        await asyncio.wait_for(conn.fetchval("SELECT 1"), scaled(2))
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
-        return False
-    return True
+        for _ in range(50):
+            if not await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+                return False
+            await asyncio.sleep(scaled(0.02))
+        return True
+    finally:
+        await admin.close()
 
 
 async def test_a_postgres_holder_whose_client_does_not_answer_has_its_session_ended(pg: PostgresHarness) -> None:
