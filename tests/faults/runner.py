@@ -556,8 +556,11 @@ class Run:
             if got != "lost":
                 verdict.violations.append(f"worker {worker_index} section {sid} ended {got!r}, not by LockLost")
         for worker in self.workers:
-            if any("Traceback" in line for line in worker.output().splitlines()):
-                verdict.violations.append(f"worker {worker.index} printed a traceback:\n{worker.output()}")
+            printed = worker.output()
+            if any("Traceback" in line for line in printed.splitlines()):
+                # the exception's own line first: a long report is cut short where it is shown
+                last = printed.strip().splitlines()[-1]
+                verdict.violations.append(f"worker {worker.index} printed a traceback ending {last!r}:\n{printed}")
         return verdict
 
     def abort(self) -> None:

@@ -58,6 +58,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -185,17 +186,30 @@ class Worker:
         loop = asyncio.get_running_loop()
         go = asyncio.Event()
 
+        def post(callback: Callable[..., object], *args: object) -> bool:
+            # The loop may be gone already: the worker finished its operations
+            # and returned while the runner was still writing to it.
+            try:
+                loop.call_soon_threadsafe(callback, *args)
+            except RuntimeError:
+                return False
+            return True
+
         def read_stdin() -> None:
             for line in sys.stdin:
                 word = line.strip()
                 if word == "go":
-                    loop.call_soon_threadsafe(go.set)
+                    sent = post(go.set)
                 elif word == "stop":
-                    loop.call_soon_threadsafe(self.stop.set)
+                    sent = post(self.stop.set)
                 elif word.startswith("stall "):
-                    loop.call_soon_threadsafe(self._stall, float(word.split()[1]))
-            loop.call_soon_threadsafe(go.set)
-            loop.call_soon_threadsafe(self.stop.set)
+                    sent = post(self._stall, float(word.split()[1]))
+                else:
+                    continue
+                if not sent:
+                    return
+            if post(go.set):
+                post(self.stop.set)
 
         threading.Thread(target=read_stdin, daemon=True).start()
         await go.wait()

@@ -22,7 +22,10 @@ own): the server grants it when the term ends, at once whether the leader
 resigned, lost its session or was killed; the observer lets go of it and
 reads again. MySQL has no notification of a new term, so with nobody
 leading it reads again every ``VACANCY_POLL`` seconds: a new leader after a
-vacancy is seen within that; a change while somebody leads, at once.
+vacancy is seen within that; a change while somebody leads, at once. A read
+that finds the election's key held but no leader has caught a hand-over half
+done (the next candidate is taking its term key): it reads again within
+milliseconds instead of reporting a vacancy that is not one.
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ from ._lines import CHUNK
 from ._requests import Requests
 from ._sql import RELEASE, WAIT
 
-__all__ = ["VACANCY_POLL", "Elections", "MySQLLeaderWatch"]
+__all__ = ["HAND_OVER_PATIENCE", "VACANCY_POLL", "Elections", "MySQLLeaderWatch"]
 
 #: With nobody leading, how often an observer reads the election's row again, in seconds.
 VACANCY_POLL = 0.5
+#: How long an observer reads a hand-over half done again before it reports nobody leading, in seconds.
+HAND_OVER_PATIENCE = 1.0
 #: The ttl an observer's session is given (it holds nothing but the term key, for an instant).
 _OBSERVER_TTL = 5.0
 
@@ -63,21 +68,29 @@ class Elections:
 
     async def leader(self, ref: LockRef) -> Leader | None:
         """The leader of the election ``ref.name``: its row, if its term is live; one read."""
+        leader, _taking = await self.read(ref)
+        return leader
+
+    async def read(self, ref: LockRef) -> tuple[Leader | None, bool]:
+        """The leader of the election ``ref.name``, and (with none) whether a candidate has been
+        granted the election's key and is taking its term key: a hand-over half done."""
         key, term = self.keys(ref.name)
         requests = self._requests
         sessions = requests.sessions
         session = sessions.idle_session() or await sessions.get(1.0)  # (a session for holds of any ttl)
         try:
             rows, _n, _id = await requests.spawn(
-                requests.execute(session, requests.sql.leader, (key, term), _OBSERVER_TTL)
+                requests.execute(session, requests.sql.leader, (term, key), _OBSERVER_TTL)
             )
         finally:
             if not session.holds and not session.waiting:
                 sessions.used(session)
         if not rows:
-            return None
-        identity, token, since = rows[0]
-        return Leader(str(identity), int(token), None if since is None else float(since))
+            return None, False
+        identity, token, since, live = rows[0]
+        if not live:
+            return None, True
+        return Leader(str(identity), int(token), None if since is None else float(since)), False
 
     def observe(self, ref: LockRef) -> MySQLLeaderWatch:
         return MySQLLeaderWatch(self, ref)
@@ -130,7 +143,17 @@ class MySQLLeaderWatch(RereadWatch):
             task.cancel()  # (a cancelled wait closes its session: the server ends the wait)
 
     async def _read(self) -> tuple[Leader | None, float | None]:
-        leader = await self._elections.leader(self._ref)
+        # A hand-over half done (the next candidate has the election's key, not yet its term key)
+        # is read again shortly rather than reported as nobody leading; a candidate stuck there
+        # (its process paused) is reported as what it is, nobody leading, after HAND_OVER_PATIENCE.
+        loop = asyncio.get_running_loop()
+        until = loop.time() + HAND_OVER_PATIENCE
+        pause = 0.005
+        leader, taking = await self._elections.read(self._ref)
+        while taking and loop.time() < until:
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 0.1)
+            leader, taking = await self._elections.read(self._ref)
         if leader is None:
             return None, VACANCY_POLL
         if self._waiting is None or self._waiting.done():

@@ -185,11 +185,13 @@ WAITERS = """
     WHERE ID <> CONNECTION_ID() AND INFO LIKE CONCAT('/*asynclock', ' wait ', %s, '*/%%')
 """
 
-#: The leader of an election: its row, while one session holds both the election's key and the
-#: term key. %s: election key, term key. One row (identity, token, since), or none.
+#: The leader of an election: its row while somebody holds the election's key, and whether the
+#: row's session holds both that key and the term key (1: a leader; 0: a candidate was granted the
+#: key and is taking its term key, or writing its row). %s: term key, election key.
+#: One row (identity, token, since, live), or none (nobody holds the election's key).
 LEADER = """
-    SELECT owner, token, since FROM {table}
-    WHERE k = %s AND kind = 'e' AND conn = IS_USED_LOCK(k) AND conn = IS_USED_LOCK(%s)
+    SELECT owner, token, since, IFNULL(conn = IS_USED_LOCK(k) AND conn = IS_USED_LOCK(%s), 0) FROM {table}
+    WHERE k = %s AND kind = 'e' AND IS_USED_LOCK(k) IS NOT NULL
 """
 
 #: The plain locks with a row whose session holds them now. No parameters. Rows: key, name.
