@@ -21,12 +21,13 @@ import pytest
 
 import asynclock
 from tests.faults import hygiene
-from tests.faults.checker import Section, StaleWindow, WorkerLog, check
+from tests.faults.checker import LATE_CANCEL_SLACK, Section, StaleWindow, WorkerLog, check
 from tests.faults.election import memory_election
 from tests.faults.runner import RedlockTarget, SentinelTarget, Target, target_for
 from tests.faults.scenarios import SCENARIOS, Outcome, Settings, _warned_first, by_name
 from tests.faults.store import StoreState
 from tests.servers import RedisServer
+from tests.servers.base import SCALE
 from tests.servers.etcd import EtcdServer
 from tests.servers.mysql import MariaDBServer
 from tests.servers.postgres import PostgresServer
@@ -331,6 +332,28 @@ def test_checker_finds_an_overlap_unless_a_stale_window_explains_it() -> None:
     assert allowed.violations == [] and allowed.overlaps_allowed == 1
     # a window on another worker does not excuse it
     assert any("overlap" in v for v in check(logs, _store(2), [StaleWindow(1.05, 1.25, worker=1)]).violations)
+
+
+def test_checker_ends_a_section_lost_at_its_deadline_there_only_if_its_body_saw_that_soon() -> None:
+    """A body cancelled at its deadline but run a little late (a loaded machine) ends at the
+    deadline; a body that ran on well past its deadline, or whose deadline was past the next
+    holder's start (the library trusting too long), overlaps; so does a section not lost."""
+
+    def lost(end: float, deadline: float | None) -> Section:
+        return dataclasses.replace(_section(0, 1.0, end, 5), outcome="lost", deadline=deadline)
+
+    slack = LATE_CANCEL_SLACK * SCALE
+    nxt = _section(1, 1.3, 1.4, 6)
+    late = check(_logs(lost(1.3 + slack / 2, 1.29), nxt), _store(2))
+    assert late.violations == [] and late.late_cancels == 1
+    ran_on = check(_logs(lost(1.29 + 2 * slack, 1.29), nxt), _store(2))
+    assert any("overlap" in v for v in ran_on.violations) and ran_on.late_cancels == 0
+    trusted_too_long = check(_logs(lost(1.32, 1.31), nxt), _store(2))
+    assert any("overlap" in v for v in trusted_too_long.violations)
+    not_lost = check(_logs(dataclasses.replace(lost(1.31, 1.29), outcome="ok"), nxt), _store(2))
+    assert any("overlap" in v for v in not_lost.violations)
+    unrecorded = check(_logs(lost(1.31, None), nxt), _store(2))
+    assert any("overlap" in v for v in unrecorded.violations)
 
 
 def test_checker_finds_tokens_out_of_real_time_order() -> None:

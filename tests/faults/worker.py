@@ -301,6 +301,10 @@ class Worker:
                         await lock.resign()  # the term ends here: the block is left without an exception
                 finally:
                     section["end"] = time.monotonic()
+                    # the trusted deadline it had (loop time is this clock): a body cancelled by it
+                    # but run late by a busy machine is told apart from one cancelled late (checker)
+                    trusted = lease.lease if isinstance(lease, asynclock.Term) else lease
+                    section["deadline"] = trusted.expires_at
                     # journaled before the release goes out: a worker killed from
                     # now on (its release under way) is no longer in its section
                     self.journal.write(ev="end", sid=self.sid, t=section["end"])
