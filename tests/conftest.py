@@ -8,6 +8,7 @@ drop connections).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -82,6 +83,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Leave what collection made (every worker collects the whole suite) out of the
+    garbage collector's walks: each test's hygiene check collects after it, and a full
+    walk of that heap took 0.1 to 0.4 s per test. What the tests make is still collected."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture

@@ -536,3 +536,26 @@ def test_checker_counts_leases_lost_to_failing_renewals_without_an_earlier_at_ri
     outcome = _warned_first(Outcome("renewals stalled", "memory", verdict, faults=1))
     assert outcome.stalled and "at_risk first 2/3" in outcome.line()
     assert outcome.verdict.violations == ["1 of 3 leases lost to failing renewals without an earlier at_risk"]
+
+
+def test_checker_takes_a_body_started_past_its_deadline_for_a_paused_process() -> None:
+    """A body that starts after its lease's deadline (its process did not run between the
+    grant and the body) is in a stale window of its own: an overlap with it, and the store
+    refusing its write, are allowed and counted, and its loss needs no at_risk first (no
+    renewal was due). A loss of a section that started in time still needs one."""
+    log = WorkerLog(0, done=True)
+    for event in (
+        {"ev": "section", "sid": 1, "start": 1.0, "end": 1.05, "deadline": 0.9, "token": 5, "read": "ok"},
+        {"ev": "lost", "t": 1.06, "loss": "renewal_failed", "warned": False},
+        {"ev": "section", "sid": 2, "start": 2.0, "end": 2.5, "deadline": 2.45, "token": 7, "read": "ok"},
+        {"ev": "lost", "t": 2.51, "loss": "renewal_failed", "warned": False},
+    ):
+        log.add({"write": "ok", "outcome": "lost", **event})
+    other = WorkerLog(1, done=True)
+    other.sections.append(_section(1, 1.02, 1.1, 6))
+    verdict = check([log, other], _store(3))
+    assert verdict.dead_on_arrival == 1 and verdict.overlaps_allowed == 1
+    assert not any("overlap" in v for v in verdict.violations), verdict.violations
+    assert (verdict.renewal_losses, verdict.unwarned) == (2, 1)
+    in_time = dataclasses.replace(log.sections[0], deadline=1.2)
+    assert any("overlap" in v for v in check(_logs(in_time, other.sections[0]), _store(2)).violations)

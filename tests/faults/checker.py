@@ -10,7 +10,11 @@ Invariants, for one lock contended by many processes:
    saw the cancellation within ``LATE_CANCEL_SLACK`` of it: the library's
    part (the deadline) is what is checked, not how soon a loaded machine ran
    the process afterwards (counted as ``late_cancels``). A body that went on
-   longer than that past its deadline ends where it ended.
+   longer than that past its deadline ends where it ended. A body that
+   started after its lease's deadline had passed (its process did not run
+   between the grant, checked against the deadline, and the body: a pause
+   like a frozen holder's) is in a stale window of its own (counted as
+   ``dead_on_arrival``).
 2. **Token order**: ordered by their start, sections carry strictly increasing
    fencing tokens (overlapping ones included: the newer holder has the higher token).
 3. **Nothing lost**: the store's counter equals its number of accepted writes
@@ -84,10 +88,17 @@ class Section:
     #: the lease's trusted deadline when the body ended (None: not recorded)
     deadline: float | None = None
 
+    @property
+    def dead_on_arrival(self) -> bool:
+        """Its body started after its lease's trusted deadline (its process paused after the grant)."""
+        return self.deadline is not None and self.start >= self.deadline
+
     def exclusive_end(self, slack: float) -> float:
         """Where the section ends for mutual exclusion: at its deadline if it was lost there
         and its body saw that within ``slack``; else where the body ended."""
-        if self.outcome == "lost" and self.deadline is not None and self.deadline < self.end <= self.deadline + slack:
+        if self.dead_on_arrival or self.deadline is None or self.outcome != "lost":
+            return self.end
+        if self.deadline < self.end <= self.deadline + slack:
             return self.deadline
         return self.end
 
@@ -217,6 +228,8 @@ class Verdict:
     overlaps_allowed: int = 0
     #: lost sections whose body saw its deadline's cancellation late, within LATE_CANCEL_SLACK
     late_cancels: int = 0
+    #: sections whose body started after its lease's deadline (a process paused after the grant)
+    dead_on_arrival: int = 0
     #: waiters that lost every race for a non-fair lock past the bound while it kept changing hands
     starved: int = 0
     #: for each starved waiter: how long it waited, how often the lock changed hands meanwhile
@@ -244,6 +257,7 @@ class Verdict:
         self.accepted_writes += other.accepted_writes
         self.overlaps_allowed += other.overlaps_allowed
         self.late_cancels += other.late_cancels
+        self.dead_on_arrival += other.dead_on_arrival
         self.starved += other.starved
         self.starvation += other.starvation
         self.violations += other.violations
@@ -278,16 +292,20 @@ def check(
             verdict.violations.append(f"worker {log.index} did not finish its run")
         if log.open_starts:
             verdict.violations.append(f"worker {log.index}: sections without an end {sorted(log.open_starts)}")
-        for _, loss, warned in log.lost:
+        for at, loss, warned in log.lost:
             if loss in RENEWAL_LOSSES:
                 verdict.renewal_losses += 1
-                verdict.unwarned += not warned
+                # (a lease already past its deadline when its body started had no renewal due to warn of)
+                of = max((s for s in log.sections if s.start <= at), key=lambda s: s.start, default=None)
+                verdict.unwarned += not warned and not (of is not None and of.dead_on_arrival)
     sections.sort(key=lambda s: s.start)
     verdict.sections = len(sections)
     verdict.losses = sum(1 for s in sections if s.outcome == "lost")
 
     def exposed(section: Section) -> bool:
-        return any(window.exposes(section) for window in stale)
+        return section.dead_on_arrival or any(window.exposes(section) for window in stale)
+
+    verdict.dead_on_arrival = sum(1 for s in sections if s.dead_on_arrival)
 
     # 1 and 2: overlaps and token order
     slack = LATE_CANCEL_SLACK * SCALE

@@ -70,7 +70,8 @@ class Outcome:
             f"fenced {v.fenced:>4} (refused {v.fenced_refused}, lost {v.fenced_lost})  "
             f"violations {len(v.violations)}  ({self.seconds:.1f}s)"
             + (f"  starved {v.starved}" if v.starved else "")
-            + (f"  late cancels {v.late_cancels}" if v.late_cancels else "")
+            + (f"  ended at deadline {v.late_cancels}" if v.late_cancels else "")
+            + (f"  dead on arrival {v.dead_on_arrival}" if v.dead_on_arrival else "")
             + (f"  at_risk first {v.renewal_losses - v.unwarned}/{v.renewal_losses}" if self.stalled else "")
         )
 
