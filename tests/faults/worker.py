@@ -64,7 +64,6 @@ from typing import IO, Any
 
 import asynclock
 from tests.faults.store import FencedStore
-from tests.harnesses import insides
 
 
 @dataclass
@@ -426,6 +425,9 @@ async def _listening(locks: asynclock.Locks, name: str) -> str:
 
 def _plain_lock_queues(locks: asynclock.Locks) -> bool:
     """Whether the server queues the plain lock's waiters (then it is fair, and a stuck waiter is a violation)."""
+    # (imported here: the test harnesses are far more than a worker process needs to start)
+    from tests.harnesses import insides
+
     return not insides.notifies(locks)  # a backend that answers Busy races its waiters
 
 
