@@ -402,6 +402,49 @@ MODELS: tuple[Model, ...] = (
             ),
         ),
     ),
+    Model(
+        "multi_lock",
+        (
+            _safety(
+                "whoever is inside its body has every part at the server, single locks of those names"
+                " included; an acquire that gives up (timeout, cancellation, before the all-or-none answer)"
+                " holds no part and waits in no queue; no deadlock"
+            ),
+        ),
+        (
+            Mutant(
+                "CALLER_ORDER",
+                SAFETY,
+                DEADLOCK,
+                "the parts taken in the caller's order: multi(['a', 'b']) and multi(['b', 'a']) each hold"
+                " one part and wait for the other's",
+            ),
+            Mutant(
+                "NO_GIVE_BACK",
+                SAFETY,
+                ASSERTION,
+                "an acquire that gives up keeps the parts it took before",
+            ),
+            Mutant(
+                "BODY_UNDER_FIRST_PART",
+                SAFETY,
+                ASSERTION,
+                "the body runs under its first part only: another part's loss does not cancel it",
+            ),
+            Mutant(
+                "NO_RECHECK",
+                SAFETY,
+                ASSERTION,
+                "a part lost while the later ones were being taken is not noticed: the body starts without it",
+            ),
+            Mutant(
+                "LOSS_KEEPS_REST",
+                SAFETY,
+                DEADLOCK,
+                "a part's loss ends the body but does not release the other parts: their waiters wait for ever",
+            ),
+        ),
+    ),
 )
 
 
