@@ -445,6 +445,39 @@ MODELS: tuple[Model, ...] = (
             ),
         ),
     ),
+    Model(
+        "fences",
+        (
+            _safety(
+                "the tokens of the writes a store applies (Redis through RedisFence, PostgreSQL through"
+                " PostgresFence) never decrease, whichever holders are paused past their lease; a write is"
+                " refused only when the store has seen a newer token"
+            ),
+        ),
+        (
+            Mutant(
+                "FENCE_LT",
+                SAFETY,
+                ASSERTION,
+                "the fence lets a token through only if it is newer than the mark (< for <=): a holder's"
+                " second write is refused though no newer token wrote",
+            ),
+            Mutant("NO_FENCE", SAFETY, ASSERTION, "no comparison: a paused holder's write lands after a newer one's"),
+            Mutant(
+                "CHECK_THEN_WRITE",
+                SAFETY,
+                ASSERTION,
+                "Redis: the mark read, then the command sent apart: a newer holder writes in between",
+            ),
+            Mutant(
+                "ADVANCE_APART",
+                SAFETY,
+                ASSERTION,
+                "PostgreSQL: the mark raised in a transaction of its own, not the writes': a newer"
+                " holder commits in between",
+            ),
+        ),
+    ),
 )
 
 
