@@ -478,6 +478,52 @@ MODELS: tuple[Model, ...] = (
             ),
         ),
     ),
+    Model(
+        "mysql_sessions",
+        (
+            _safety(
+                "whoever is inside its body holds its key on the server, on the session its client counts it on;"
+                " a session's end loses exactly the holds on it; tokens strictly increase; a cancelled acquire"
+                " holds nothing and leaves no wait in the server; no deadlock"
+            ),
+        ),
+        (
+            Mutant(
+                "ROW_DELETED_AT_RELEASE",
+                SAFETY,
+                ASSERTION,
+                "a release deletes the key's row: the next grant's token starts again from 1",
+            ),
+            Mutant(
+                "GRANT_NOT_ON_SESSION",
+                SAFETY,
+                ASSERTION,
+                "a hold granted through its line is not recorded on the session that waited: that"
+                " session's end does not lose it",
+            ),
+            Mutant(
+                "KILL_KEEPS_GRANT",
+                SAFETY,
+                ASSERTION,
+                "the last waiter to leave ends the line's wait, but a key granted to it just before is"
+                " not let go of: the session holds it for nobody",
+            ),
+            Mutant(
+                "NO_DRIFT_MARGIN",
+                SAFETY,
+                ASSERTION,
+                "a deadline of the whole wait_timeout: the body outlives the session",
+            ),
+            Mutant(
+                "KILL_FROM_OUTSIDE",
+                SAFETY,
+                ASSERTION,
+                "a session ended from outside (KILL, a restart, a failover) before its wait_timeout: its"
+                " holder believes until it hears of it, while another takes the key",
+                assumption=True,
+            ),
+        ),
+    ),
 )
 
 
