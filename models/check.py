@@ -486,6 +486,10 @@ MODELS: tuple[Model, ...] = (
                 " a session's end loses exactly the holds on it; tokens strictly increase; a cancelled acquire"
                 " holds nothing and leaves no wait in the server; no deadlock"
             ),
+            _served(
+                "a waiter is served while the other client keeps taking and releasing, its sessions end, and"
+                " its waits run out and are sent again"
+            ),
         ),
         (
             Mutant(
@@ -513,6 +517,12 @@ MODELS: tuple[Model, ...] = (
                 SAFETY,
                 ASSERTION,
                 "a deadline of the whole wait_timeout: the body outlives the session",
+            ),
+            Mutant(
+                "NO_WAIT_AGAIN",
+                "served",
+                ACCEPTANCE,
+                "a line's wait that ran out in the server is not sent again: its waiter waits for nothing",
             ),
             Mutant(
                 "KILL_FROM_OUTSIDE",

@@ -47,7 +47,11 @@
  * Time: timers that run down, in ticks; a statement runs atomically, as it is
  * sent, its answer arriving in a later step. Bounds: one acquisition per hold;
  * at most one session closed by the client; the clock stops when every
- * acquisition ended.
+ * acquisition ended. Built with -DLIVENESS: no clock; a0 and b0 take and release
+ * K0 for ever (a0 may give up waiting, b0 never does); A's sessions end twice, at
+ * any time (opened again as new sessions); a wait statement runs out (its chunk)
+ * twice, and is sent again; A's process may die holding K0, with nobody told (its
+ * sessions end: the server grants the key to the first waiter within that end).
  */
 
 #define NONE 0
@@ -89,8 +93,20 @@ bit finished[HOLDS];
 
 hidden byte s_i, s_k, s_n;
 
+#ifdef LIVENESS
+bit want[HOLDS];
+bit crashed;                   /* client A's process died */
+byte chunks;                   /* wait statements that ran out */
+#define STMT(s) skip
+#define DRAW(x) x = 1
+#define FRESH(x) (!known[x] && !salive[x])    /* (closed: opened again, as a new session) */
+#else
 /* a statement reaches session s: the server's idle timer starts again */
 #define STMT(s) sidle[s] = TTL
+/* the next token of K0's row: LAST_INSERT_ID(token + 1) */
+#define DRAW(x) seq++; x = seq
+#define FRESH(x) (!opened[x])
+#endif
 
 /* properties: whoever is inside its body holds its key on the server, on the session
    its client counts it on (so at most one per key: a key has one session) */
@@ -107,8 +123,7 @@ inline grant_first(k) {
     if
     :: k == 0 && gqn > 0 ->
         lk[0] = gq[0];
-        seq++;                                /* LAST_INSERT_ID(token + 1), within the grant */
-        gtok[gq[0]] = seq;
+        DRAW(gtok[gq[0]]);                    /* within the grant */
         gq[0] = gq[1]; gq[1] = NONE; gqn--
     :: else -> lk[k] = NONE
     fi
@@ -132,6 +147,7 @@ inline out_of_queue(s) {
 /* session s's proof from a statement sent `ago` ticks ago: its holds believe until
    send + ttl - drift (0..DRIFT later on a slow client clock) */
 inline trust(s, ago) {
+#ifndef LIVENESS
 #ifdef MUTANT_NO_DRIFT_MARGIN
     s_k = TTL;                 /* BUG: the whole wait_timeout, with no allowance for a slow clock */
 #else
@@ -140,6 +156,9 @@ inline trust(s, ago) {
     if :: skip :: s_k = s_k + DRIFT fi;
     s_k = (s_k > ago -> s_k - ago : 0);
     if :: s_k > sdl[s] -> sdl[s] = s_k :: else -> skip fi
+#else
+    skip
+#endif
 }
 
 /* a session closed (the client finds it closed, or closes it): Sessions.lost ->
@@ -175,6 +194,7 @@ inline end_session(s) {
 
 #define dec(x) if :: x > 0 -> x-- :: else -> skip fi
 
+#ifndef LIVENESS
 /* one of client A's sessions: ends by wait_timeout, is closed by the client, is heard of */
 #define A_SESSION(c) \
     :: atomic { salive[c] && sidle[c] == 0 && !in_queue(c) -> end_session(c); check() } \
@@ -225,11 +245,23 @@ end_ping:
     :: atomic { known[2] && salive[2] && sdl[2] > 0 -> STMT(2); trust(2, 0); check() }
     od
 }
+#else
+/* one of A's sessions ends (wait_timeout, a KILL, a restart): its locks go, the
+   client hears of it and loses the holds on it */
+active proctype Ending() {
+    byte endings;                             /* (sessions end finitely often) */
+end_ending:
+    do
+    :: atomic { endings < 2 && salive[1] && !crashed -> endings++; end_session(1); closed(1) }
+    :: atomic { endings < 2 && salive[2] && !crashed -> endings++; end_session(2); closed(2) }
+    od
+}
+#endif
 
-/* a session of client A opened now if it never was */
+/* a session of client A opened now if it never was (-DLIVENESS: or it closed) */
 inline open(s) {
     if
-    :: !opened[s] -> opened[s] = 1; salive[s] = 1; known[s] = 1; STMT(s)
+    :: FRESH(s) -> opened[s] = 1; salive[s] = 1; known[s] = 1; STMT(s)
     :: else -> skip
     fi
 }
@@ -249,8 +281,8 @@ inline pick_waiting() {
     if
     :: h != B0 ->
         if
-        :: NO_HOLDS(1) && (known[1] || !opened[1]) -> w = 1
-        :: NO_HOLDS(2) && (known[2] || !opened[2]) -> w = 2
+        :: NO_HOLDS(1) && (known[1] || FRESH(1)) -> w = 1
+        :: NO_HOLDS(2) && (known[2] || FRESH(2)) -> w = 2
         :: else -> w = NONE                  /* (none left in this model: the acquire fails) */
         fi;
         if :: w != NONE -> open(w) :: else -> skip fi
@@ -263,9 +295,14 @@ proctype Hold(byte h) {
     byte s, w, k, got, n;
     bit line;                                 /* granted through the line */
     k = key_of(h);
+end_idle:
     do
+#ifdef LIVENESS
+    :: want[h] = 1;
+#else
     :: n < (h == B0 -> 1 : ACQS) ->
     n++;
+#endif
     /* Grants._try: TAKE, GET_LOCK(key, 0), on a shared session (none known busy here:
        a client's only hold of K0 is this one) */
     atomic {
@@ -275,7 +312,7 @@ proctype Hold(byte h) {
             STMT(s);
             if
             :: lk[k] == NONE ->
-                lk[k] = s; seq++; got = seq;  /* taken, the token drawn by the same statement */
+                lk[k] = s; DRAW(got);         /* taken, the token drawn by the same statement */
                 trust(s, 0)
             :: else ->
                 got = 0                       /* taken by another session: not taken */
@@ -297,12 +334,13 @@ proctype Hold(byte h) {
             STMT(w);
             gtok[w] = 0;
             if
-            :: lk[k] == NONE -> lk[k] = w; seq++; gtok[w] = seq
+            :: lk[k] == NONE -> lk[k] = w; DRAW(gtok[w])
             :: else -> gq[gqn] = w; gqn++
             fi
         :: else -> waiting[w] = 0; goto done
         fi
     };
+wait:
     do
     :: atomic { gtok[w] != 0 && lk[k] == w ->  /* granted: the TAKE answers with its token */
             got = gtok[w]; gtok[w] = 0 };
@@ -319,7 +357,24 @@ proctype Hold(byte h) {
     :: atomic { (!known[w] || !salive[w]) ->   /* the wait fails with its session */
             waiting[w] = 0; gtok[w] = 0 };
         goto done
-    :: atomic {                               /* gives up: Lines.leave, the last to leave ends */
+#ifdef LIVENESS
+    :: atomic { chunks < 2 && in_queue(w) ->  /* GET_LOCK(key, chunk) ran out: 0 rows */
+            chunks++; out_of_queue(w) };
+#ifndef MUTANT_NO_WAIT_AGAIN
+        atomic {                              /* _wait_on: sent again while the line has waiters */
+            if
+            :: known[w] && salive[w] && lk[k] == NONE -> lk[k] = w; DRAW(gtok[w])
+            :: known[w] && salive[w] && lk[k] != NONE -> gq[gqn] = w; gqn++
+            :: else -> skip                   /* (its session is gone: the wait fails, below) */
+            fi
+        };
+#endif
+        goto wait                             /* (BUG without it: the waiter waits for nothing) */
+    :: h != B0 ->
+#else
+    ::
+#endif
+        atomic {                              /* gives up: Lines.leave, the last to leave ends */
             waiting[w] = 0;                   /* the wait: KILL QUERY (a key granted is let go of) */
             out_of_queue(w);
 #ifndef MUTANT_KILL_KEEPS_GRANT
@@ -344,12 +399,28 @@ granted:
 #else
         listed[h] = 1;
 #endif
+#ifndef LIVENESS
         if :: h != B0 && sdl[s] == 0 -> goto release :: else -> skip fi   /* too late: given back */
         assert(tok[h] > lasttok);            /* property: K0's tokens strictly increase per grant */
         lasttok = tok[h];
+#else
+        want[h] = 0;
+#endif
         inb[h] = 1;
         check()
     };
+#ifdef LIVENESS
+    if
+    :: h == 0 && !crashed ->                 /* client A's process dies holding K0: its sessions */
+        atomic {                             /* end (their locks go), nobody is told */
+            crashed = 1; inb[h] = 0;
+            if :: salive[1] -> end_session(1) :: else -> skip fi;
+            if :: salive[2] -> end_session(2) :: else -> skip fi
+        };
+        goto dead
+    :: else -> skip
+    fi;
+#endif
 release:
     /* the body ends (or was cancelled, or lost); RELEASE on its session */
     atomic { inb[h] = 0 };
@@ -366,11 +437,19 @@ release:
     };
 done:
     atomic { s = 0; w = 0; got = 0; line = 0 }
+#ifndef LIVENESS
     :: else -> break
+#endif
     od;
+#ifdef LIVENESS
+dead:
+    skip
+#else
     finished[h] = 1
+#endif
 }
 
+#ifndef LIVENESS
 /* a1: client A's hold of K1, which nobody else wants: it holds from the start, on
    either of A's sessions, until released */
 inline other_holds() {
@@ -390,11 +469,18 @@ proctype Other() {
         check()
     }
 }
+#endif
 
 init {
     atomic {
         salive[3] = 1; known[3] = 1; opened[3] = 1;
-        run Hold(0); run Hold(2);
-        other_holds(); run Other()
+        run Hold(0); run Hold(2)
+#ifndef LIVENESS
+        ; other_holds(); run Other()
+#endif
     }
 }
+
+#ifdef LIVENESS
+ltl served { [] (want[B0] -> <> inb[B0]) }
+#endif
