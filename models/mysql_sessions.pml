@@ -46,8 +46,9 @@
  *
  * Time: timers that run down, in ticks; a statement runs atomically, as it is
  * sent, its answer arriving in a later step. Bounds: one acquisition per hold;
- * at most one session closed by the client; the clock stops when every
- * acquisition ended. Built with -DLIVENESS: no clock; a0 and b0 take and release
+ * one waiter per line (the order of a client's own waiters in its line is not
+ * modelled); at most one session closed by the client; the clock stops when
+ * every acquisition ended. Built with -DLIVENESS: no clock; a0 and b0 take and release
  * K0 for ever (a0 may give up waiting, b0 never does); A's sessions end twice, at
  * any time (opened again as new sessions); a wait statement runs out (its chunk)
  * twice, and is sent again; A's process may die holding K0, with nobody told (its
