@@ -402,6 +402,138 @@ MODELS: tuple[Model, ...] = (
             ),
         ),
     ),
+    Model(
+        "multi_lock",
+        (
+            _safety(
+                "whoever is inside its body has every part at the server, single locks of those names"
+                " included; an acquire that gives up (timeout, cancellation, before the all-or-none answer)"
+                " holds no part and waits in no queue; no deadlock"
+            ),
+        ),
+        (
+            Mutant(
+                "CALLER_ORDER",
+                SAFETY,
+                DEADLOCK,
+                "the parts taken in the caller's order: multi(['a', 'b']) and multi(['b', 'a']) each hold"
+                " one part and wait for the other's",
+            ),
+            Mutant(
+                "NO_GIVE_BACK",
+                SAFETY,
+                ASSERTION,
+                "an acquire that gives up keeps the parts it took before",
+            ),
+            Mutant(
+                "BODY_UNDER_FIRST_PART",
+                SAFETY,
+                ASSERTION,
+                "the body runs under its first part only: another part's loss does not cancel it",
+            ),
+            Mutant(
+                "NO_RECHECK",
+                SAFETY,
+                ASSERTION,
+                "a part lost while the later ones were being taken is not noticed: the body starts without it",
+            ),
+            Mutant(
+                "LOSS_KEEPS_REST",
+                SAFETY,
+                DEADLOCK,
+                "a part's loss ends the body but does not release the other parts: their waiters wait for ever",
+            ),
+        ),
+    ),
+    Model(
+        "fences",
+        (
+            _safety(
+                "the tokens of the writes a store applies (Redis through RedisFence, PostgreSQL through"
+                " PostgresFence) never decrease, whichever holders are paused past their lease; a write is"
+                " refused only when the store has seen a newer token"
+            ),
+        ),
+        (
+            Mutant(
+                "FENCE_LT",
+                SAFETY,
+                ASSERTION,
+                "the fence lets a token through only if it is newer than the mark (< for <=): a holder's"
+                " second write is refused though no newer token wrote",
+            ),
+            Mutant("NO_FENCE", SAFETY, ASSERTION, "no comparison: a paused holder's write lands after a newer one's"),
+            Mutant(
+                "CHECK_THEN_WRITE",
+                SAFETY,
+                ASSERTION,
+                "Redis: the mark read, then the command sent apart: a newer holder writes in between",
+            ),
+            Mutant(
+                "ADVANCE_APART",
+                SAFETY,
+                ASSERTION,
+                "PostgreSQL: the mark raised in a transaction of its own, not the writes': a newer"
+                " holder commits in between",
+            ),
+        ),
+    ),
+    Model(
+        "mysql_sessions",
+        (
+            _safety(
+                "whoever is inside its body holds its key on the server, on the session its client counts it on;"
+                " a session's end loses exactly the holds on it; tokens strictly increase; a cancelled acquire"
+                " holds nothing and leaves no wait in the server; no deadlock"
+            ),
+            _served(
+                "a waiter is served while the other client keeps taking and releasing, its sessions end, and"
+                " its waits run out and are sent again"
+            ),
+        ),
+        (
+            Mutant(
+                "ROW_DELETED_AT_RELEASE",
+                SAFETY,
+                ASSERTION,
+                "a release deletes the key's row: the next grant's token starts again from 1",
+            ),
+            Mutant(
+                "GRANT_NOT_ON_SESSION",
+                SAFETY,
+                ASSERTION,
+                "a hold granted through its line is not recorded on the session that waited: that"
+                " session's end does not lose it",
+            ),
+            Mutant(
+                "KILL_KEEPS_GRANT",
+                SAFETY,
+                ASSERTION,
+                "the last waiter to leave ends the line's wait, but a key granted to it just before is"
+                " not let go of: the session holds it for nobody",
+            ),
+            Mutant(
+                "NO_DRIFT_MARGIN",
+                SAFETY,
+                ASSERTION,
+                "a deadline of the whole wait_timeout: the body outlives the session",
+            ),
+            Mutant(
+                "NO_WAIT_AGAIN",
+                "served",
+                ACCEPTANCE,
+                "a line's wait that ran out in the server is not sent again: its waiter waits for nothing",
+            ),
+            Mutant(
+                "KILL_FROM_OUTSIDE",
+                SAFETY,
+                ASSERTION,
+                "a session ended from outside (KILL, a restart, a failover) before its wait_timeout: its"
+                " holder believes until it hears of it, while another takes the key",
+                assumption=True,
+            ),
+        ),
+    ),
 )
 
 

@@ -78,7 +78,7 @@ def test_the_catalogue_names_every_model_and_every_mutant_of_the_files() -> None
     assert set(files) == {model.name for model in check.MODELS}
     # the liveness build, and the bounds (each overridable with -D when exploring by hand)
     builds = {"LIVENESS", "N", "ACQS", "TTL", "DRIFT", "GRANTS", "MSG_WINDOW", "CRASHES", "SESSION", "EXPIRIES"}
-    builds |= {"LEASE", "TRIES", "DOWN"}
+    builds |= {"LEASE", "TRIES", "DOWN", "LOSSES", "HOLDERS", "WRITES"}
     for model in check.MODELS:
         switches = set(re.findall(r"#\s*(?:ifn?def|elif defined|if defined)\s*\(?(\w+)", files[model.name]))
         expected = {mutant.define for mutant in model.mutants}
