@@ -327,6 +327,11 @@ TABLE: dict[str, Configuration] = {
                 "Counted in an InnoDB table in the statement that takes the lock: committed with the grant, so"
                 " tokens keep increasing across clients and restarts of the server."
             ),
+            "fifo": (
+                "A client's waiters form a line, and the server serves the waiting sessions in the order their"
+                " GET_LOCK reached it. A wait statement lasts the line's longest ttl (1 to 30 s): one sent again"
+                " after that joins the server's queue behind sessions that asked meanwhile."
+            ),
             "notifications": (
                 "A waiter blocks in the server's GET_LOCK, which the release or the end of the holder's session"
                 " wakes at once."
