@@ -32,6 +32,8 @@ def _load() -> ModuleType:
 
 
 check = _load()
+# (the searches are the suite's heaviest CPU; the tests beside them that wait on timers go first)
+check.NICENESS = 10
 missing = check.tools()
 needs_spin = pytest.mark.skipif(missing is not None, reason=f"the SPIN models need spin and gcc ({missing})")
 
