@@ -812,8 +812,8 @@ async def test_the_whole_cluster_down_cancels_bodies_before_the_lease_ttl(etcd_c
         # each body trusted its lease only until before the server's lease ends (from the last
         # keep-alive confirmed), and was cancelled by that deadline (give or take a loaded machine)
         assert max(deadlines) <= etcd.confirmed_at + etcd.granted
-        assert all(end <= deadline + scaled(0.1) for end, deadline in zip(ended, deadlines, strict=True))
-        assert max(ended) - down_at <= TTL + 0.1
+        assert all(end <= deadline + scaled(0.25) for end, deadline in zip(ended, deadlines, strict=True))
+        assert max(ended) - down_at <= TTL + scaled(0.25)
 
 
 # -- configuration --------------------------------------------------------------------------

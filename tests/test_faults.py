@@ -21,7 +21,7 @@ import pytest
 
 import asynclock
 from tests.faults import hygiene
-from tests.faults.checker import LATE_CANCEL_SLACK, Section, StaleWindow, WorkerLog, check
+from tests.faults.checker import LATE_CANCEL_SLACK, LATE_GRANT, Section, StaleWindow, WorkerLog, check
 from tests.faults.election import memory_election
 from tests.faults.runner import RedlockTarget, SentinelTarget, Target, target_for
 from tests.faults.scenarios import SCENARIOS, Outcome, Settings, _warned_first, by_name
@@ -565,5 +565,15 @@ def test_checker_takes_a_body_started_past_its_deadline_for_a_paused_process() -
     assert verdict.dead_on_arrival == 1 and verdict.overlaps_allowed == 1
     assert not any("overlap" in v for v in verdict.violations), verdict.violations
     assert (verdict.renewal_losses, verdict.unwarned) == (2, 1)
+    # a grant answered just before its deadline: no renewal was due to warn of either
+    barely = WorkerLog(0, done=True)
+    for event in (
+        {"ev": "section", "sid": 1, "start": 1.0, "end": 1.02, "deadline": 1.0 + LATE_GRANT * SCALE / 2, "token": 5},
+        {"ev": "lost", "t": 1.03, "loss": "renewal_failed", "warned": False},
+        {"ev": "section", "sid": 2, "start": 2.0, "end": 2.5, "deadline": 2.0 + 2 * LATE_GRANT * SCALE, "token": 7},
+        {"ev": "lost", "t": 2.51, "loss": "renewal_failed", "warned": False},
+    ):
+        barely.add({"read": "ok", "write": "ok", "outcome": "lost", **event})
+    assert check([barely], _store(2)).unwarned == 1
     in_time = dataclasses.replace(log.sections[0], deadline=1.2)
     assert any("overlap" in v for v in check(_logs(in_time, other.sections[0]), _store(2)).violations)
