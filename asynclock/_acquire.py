@@ -35,7 +35,7 @@ from typing import NoReturn, cast
 from ._core import Core
 from ._errors import BackendUnavailable, ConfigurationError, LockError, LockTimeout, server_of, unavailable
 from ._lease import Lease
-from ._release import release_by_identity, settle
+from ._release import give_back_cut_short, release_by_identity, settle
 from ._timing import REQUEST_WINDOW, Backoff, request_window
 from .abc import Acquired, AcquiresMany, Busy, LockRef, Queued, Queues
 
@@ -222,7 +222,7 @@ async def acquire_all(
 
 async def _release_each(core: Core, leases: Sequence[Lease]) -> None:
     """Release every one of ``leases`` by its identity, together (a try cut short may have taken them)."""
-    await asyncio.gather(*(release_by_identity(core.backend, lease, raise_errors=False) for lease in leases))
+    await asyncio.gather(*(give_back_cut_short(core.backend, lease) for lease in leases))
 
 
 def _new_lease(core: Core, lock: Want, owner: str, hold: str, sent: float) -> Lease:
@@ -260,14 +260,10 @@ async def _attempt(
         with core.deadlines.bound(bound):
             result = await backend.try_acquire(lock.ref, hold, lock.ttl, enqueue=enqueue)
     except asyncio.CancelledError:
-        await settle(
-            core.spawn,
-            release_by_identity(backend, lease, raise_errors=False, quiet=True),
-            request_window(lease._lease_time),
-        )
+        await settle(core.spawn, give_back_cut_short(backend, lease), request_window(lease._lease_time))
         raise
     except TimeoutError as exc:
-        core.spawn(release_by_identity(backend, lease, raise_errors=False, quiet=True))
+        core.spawn(give_back_cut_short(backend, lease))
         return _HoldRetired(exc)
     except ConfigurationError:
         raise  # no retry can fix it; the try got nothing
@@ -311,7 +307,7 @@ async def _wait_in_queue(
     failing_since: float | None = None
 
     def give_back() -> None:
-        core.spawn(release_by_identity(backend, lease, raise_errors=False, quiet=True))
+        core.spawn(give_back_cut_short(backend, lease))
 
     while True:
         if core.closed or core.closing:
@@ -329,7 +325,7 @@ async def _wait_in_queue(
                 result = await queues.wait_queued(lock.ref, lease._hold, lock.ttl, until)
         except asyncio.CancelledError:
             # Out of the queue, and a grant that raced in is given back.
-            await settle(core.spawn, release_by_identity(backend, lease, raise_errors=False, quiet=True), window)
+            await settle(core.spawn, give_back_cut_short(backend, lease), window)
             if wait.closed and wait.task.uncancel() == 0:
                 core.events.emit("timeout", lock.name, owner, None, wait_s=loop.time() - started)
                 raise core.closed_error() from None
@@ -411,7 +407,7 @@ def _give_up(
 def _probe_release(core: Core, lock: Want, hold: str, owner: str) -> None:
     """Release ``hold`` in the background, in case a try whose answer was lost got it."""
     probe = _new_lease(core, lock, owner, hold, asyncio.get_running_loop().time())
-    core.spawn(release_by_identity(core.backend, probe, raise_errors=False, quiet=True))
+    core.spawn(give_back_cut_short(core.backend, probe))
 
 
 def _got(core: Core, lease: Lease, started: float) -> Lease:

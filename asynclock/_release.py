@@ -16,9 +16,12 @@ if TYPE_CHECKING:
     from ._lease import Lease
     from .abc import Backend
 
-__all__ = ["release_by_identity", "settle"]
+__all__ = ["AGAIN_AFTER", "give_back_cut_short", "release_by_identity", "settle"]
 
 logger = logging.getLogger("asynclock")
+
+#: How long after giving back a try cut short its hold is released once more, in seconds.
+AGAIN_AFTER = 0.05
 
 
 async def release_by_identity(
@@ -87,3 +90,20 @@ async def settle(
             return
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({task}, timeout=left)
+
+
+async def give_back_cut_short(backend: Backend, lease: Lease) -> None:
+    """Release the hold of a try cut short (cancelled, or past its bound) by its identity, and once
+    more ``AGAIN_AFTER`` later.
+
+    The try may still be on its way to the server when the first release
+    gets there: a client whose requests are not ordered (a Cluster client's
+    pooled connections, gRPC streams) may have them run the other way round,
+    and the try would then take the lock for a hold nobody renews or
+    releases, for a whole ttl. A server that got the try at all runs it
+    within that pause; the second release finds it then (a release of a
+    hold that has nothing is a no-op, and the hold id is never used again).
+    """
+    await release_by_identity(backend, lease, raise_errors=False, quiet=True)
+    await asyncio.sleep(AGAIN_AFTER)
+    await release_by_identity(backend, lease, raise_errors=False, quiet=True)
