@@ -126,6 +126,8 @@ class HoldState:
         reason = "the trusted deadline passed without a renewal"
         if self._last_error is not None:
             reason += f" (last renewal error: {self._last_error})"
+        elif self._at_risk is not None:
+            reason += f" ({self._at_risk})"  # (a renewal that never answered: why it was at risk)
         return reason
 
     def _renewed(self, sent_at: float) -> None:

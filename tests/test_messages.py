@@ -323,7 +323,12 @@ async def test_a_memory_client_says_its_faults_in_words(caplog: pytest.LogCaptur
         chaos.restore()
     assert len(said.errors) == 2
     [reason] = said.notes
-    assert reason.startswith("could not renew before the trusted deadline: ") and reason.rstrip()[-1] != ":", reason
+    # (the keeper's answer to the hung renewal, or the deadline itself, whichever the loop runs
+    # first at that instant: either says why in words)
+    assert reason.startswith(
+        ("could not renew before the trusted deadline: ", "the trusted deadline passed without a renewal (")
+    ), reason
+    assert reason.rstrip()[-1] != ":", reason
     for text in said.texts():
         assert not leaks(text), (leaks(text), text)
 
