@@ -464,3 +464,42 @@ async def test_a_server_never_reached_is_given_up_after_the_connect_timeout_with
         assert _NeverReached.tries > 1, "it was retried meanwhile"
     finally:
         await locks.aclose()
+
+
+class _OvertakingTry(memory.MemoryBackend):
+    """A client whose requests may overtake each other (a Cluster client's pooled connections):
+    a try cut short on its way still runs on the server, a moment after the give-back that the
+    caller's cancellation sent."""
+
+    def __init__(self, *, prefix: str) -> None:
+        super().__init__(prefix=prefix)
+        self.late: list[asyncio.Task[Any]] = []
+
+    async def try_acquire(self, ref: Any, hold: str, ttl: float, *, enqueue: bool) -> Any:
+        async def on_its_way() -> Any:
+            await asyncio.sleep(0.01)
+            return await memory.MemoryBackend.try_acquire(self, ref, hold, ttl, enqueue=enqueue)
+
+        task = asyncio.ensure_future(on_its_way())
+        self.late.append(task)
+        return await asyncio.shield(task)
+
+
+async def test_a_try_cut_short_that_reaches_the_server_after_its_give_back_is_given_back_again() -> None:
+    backend = _OvertakingTry(prefix="overtaken")
+    locks = asynclock.Locks(backend, ttl=scaled(30))
+    other = asynclock.Locks(memory.MemoryBackend(prefix="overtaken"), ttl=scaled(30))
+    try:
+        task = asyncio.create_task(locks.lock("x").acquire())
+        await asyncio.sleep(0)  # (its try is on its way)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        [late] = backend.late
+        assert isinstance(await late, asynclock.abc.Acquired), "the try ran after its give-back, and took the lock"
+        # given back once more: free well before its 30 s ttl
+        async with other.lock("x").acquire(timeout=scaled(1)):
+            pass
+    finally:
+        await locks.aclose()
+        await other.aclose()

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 
 from ..._errors import LockError
+from ..._timing import Backoff
 from ..._values import Leader
 from ...abc import LockRef
 from .._background import Background
@@ -148,11 +149,10 @@ class MySQLLeaderWatch(RereadWatch):
         # (its process paused) is reported as what it is, nobody leading, after HAND_OVER_PATIENCE.
         loop = asyncio.get_running_loop()
         until = loop.time() + HAND_OVER_PATIENCE
-        pause = 0.005
+        backoff = Backoff(first=0.005, cap=0.1)
         leader, taking = await self._elections.read(self._ref)
         while taking and loop.time() < until:
-            await asyncio.sleep(pause)
-            pause = min(2 * pause, 0.1)
+            await asyncio.sleep(backoff.next())
             leader, taking = await self._elections.read(self._ref)
         if leader is None:
             return None, VACANCY_POLL
